@@ -1,0 +1,1 @@
+"""lrl_jax.losses (in progress)."""

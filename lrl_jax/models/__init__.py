@@ -1,0 +1,1 @@
+"""lrl_jax.models (in progress)."""

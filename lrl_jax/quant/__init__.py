@@ -1,0 +1,21 @@
+"""lrl_jax.quant — the numerics contract shared by the learner (fake quant) and the sampler (real codes).
+
+Formats: `Int4` (W4A16, slime / compressed-tensors), `FP8` (E4M3, channel/token/block),
+`MXFP8` (OCP microscaling), `NVFP4` (E2M1 + E4M3 per 16 + FP32 per tensor).
+`fake_quant(x, spec) == dequantize(quantize(x, spec), x.dtype)` bit for bit.
+"""
+
+from lrl_jax.quant.specs import FP8, Int4, MXFP8, NVFP4, Spec
+from lrl_jax.quant.qarray import QArray, check_spec, dequantize, fake_quant, quantize
+from lrl_jax.quant.packing import (
+    pack_int4_compressed_tensors,
+    pack_nibbles,
+    unpack_int4_compressed_tensors,
+    unpack_nibbles,
+)
+
+__all__ = [
+    "Int4", "FP8", "MXFP8", "NVFP4", "Spec",
+    "QArray", "quantize", "dequantize", "fake_quant", "check_spec",
+    "pack_nibbles", "unpack_nibbles", "pack_int4_compressed_tensors", "unpack_int4_compressed_tensors",
+]
