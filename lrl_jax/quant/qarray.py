@@ -40,7 +40,7 @@ _INT4_SCALE_FLOOR = 1e-5  # slime / compressed-tensors floor on amax / 7
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=["codes", "scale", "global_scale"],
-    meta_fields=["spec", "shape", "axis"],
+    meta_fields=["spec", "axis"],
 )
 @dataclasses.dataclass(frozen=True)
 class QArray:
@@ -52,22 +52,33 @@ class QArray:
     scale: one scale per group, `shape` with the group axis (or, for FP8 blocks, the
       last two axes) divided by the group size. Int4: `spec.scale_dtype`; FP8: float32;
       MXFP8: float8_e8m0fnu; NVFP4: float8_e4m3fn.
-    global_scale: NVFP4 only: the float32 per-tensor decode scale `dec` (shape ()). None otherwise.
+    global_scale: NVFP4 only: the float32 per-matrix decode scale `dec`, one per matrix of
+      the last two axes (shape = the leading axes; () for a plain matrix). None otherwise.
     spec: the format (static).
-    shape: the logical shape of the quantized array (static).
-    axis: the non-negative axis the groups run along (static); the matmul's contraction axis.
+    axis: the axis the groups run along, counted from the end (static, negative);
+      the matmul's contraction axis: -2 for a kernel [.., K, N] used as `x @ w`.
+
+  Leading axes are a stack (scanned layers, experts): slicing every field along
+  them (`lax.scan`, `vmap`, indexing) gives the QArray of the slice, so the logical
+  `shape` is derived from the codes rather than stored.
   """
 
   codes: jax.Array
   scale: jax.Array
   global_scale: jax.Array | None
   spec: Spec
-  shape: tuple[int, ...]
   axis: int
 
   @property
+  def shape(self) -> tuple[int, ...]:
+    s = list(self.codes.shape)
+    if isinstance(self.spec, (Int4, NVFP4)):
+      s[self.axis] *= 2  # two codes per byte along the group axis
+    return tuple(s)
+
+  @property
   def ndim(self) -> int:
-    return len(self.shape)
+    return self.codes.ndim
 
   @property
   def nbytes(self) -> int:
@@ -95,7 +106,7 @@ def _normalize_axis(spec: Spec, shape: tuple[int, ...], axis: int) -> int:
 
 
 def check_spec(spec: Spec, shape: tuple[int, ...], dtype, axis: int = -1) -> int:
-  """Validates (spec, shape, dtype, axis) at trace time; returns the non-negative axis.
+  """Validates (spec, shape, dtype, axis) at trace time; returns the axis counted from the end (< 0).
 
   Raises:
     ValueError naming the spec, the shape and the axis.
@@ -117,7 +128,10 @@ def check_spec(spec: Spec, shape: tuple[int, ...], dtype, axis: int = -1) -> int
   elif isinstance(spec, (Int4, MXFP8, NVFP4)):
     if shape[ax] % spec.block:
       raise ValueError(f"{spec}: group size {spec.block} does not divide axis {axis} of shape {shape}")
-  return ax
+  if isinstance(spec, NVFP4) and len(shape) > 2 and ax < len(shape) - 2:
+    raise ValueError(f"{spec}: the per-matrix scale covers the last two axes; the group axis must be one of "
+                     f"them, got axis {axis} of shape {shape}")
+  return ax - len(shape)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -213,7 +227,7 @@ def _dequantize_fp8(q: QArray):
   c = q.codes.astype(jnp.float32)
   if q.spec.granularity == "block":
     b = q.spec.block
-    *lead, k, n = q.shape
+    *lead, k, n = c.shape
     cb = c.reshape(*lead, k // b, b, n // b, b)
     return (cb * q.scale[..., :, None, :, None]).reshape(q.shape)
   return c * q.scale
@@ -240,19 +254,26 @@ def _dequantize_mxfp8(q: QArray):
 
 
 def _nvfp4_global(x):
-  # Per-tensor amax over finite elements only, so one NaN does not poison the tensor.
-  amax = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0))
+  # Per-matrix amax (last two axes; leading axes are a stack of matrices), over finite
+  # elements only, so one NaN does not poison the whole matrix.
+  amax = jnp.max(jnp.where(jnp.isfinite(x), jnp.abs(x), 0.0), axis=tuple(range(max(x.ndim - 2, 0), x.ndim)))
   enc = (FP8_MAX * FP4_MAX) / amax
   enc = jnp.where(amax > 0, jnp.minimum(enc, _F32_MAX), 1.0)  # 1 when amax is 0; no Inf for tiny amax
   return 1.0 / enc, enc
 
 
+def _per_matrix(v: jax.Array, ndim: int) -> jax.Array:
+  """A per-matrix value [lead...] broadcast against an array of rank `ndim` (grouped layout adds one)."""
+  return v.reshape(v.shape + (1,) * (ndim - v.ndim))
+
+
 def _quantize_nvfp4(x, spec: NVFP4, axis):
   dec, enc = _nvfp4_global(x)
   xg = _groups(x, axis, spec.block_size)
+  dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
   amax = _absmax(xg, -1)
   sb = _exact_cast(_poison(jnp.minimum(amax * enc / FP4_MAX, FP8_MAX), amax), jnp.float8_e4m3fn)
-  denom = sb.astype(jnp.float32) * dec
+  denom = sb.astype(jnp.float32) * dec_g
   q = jnp.clip(_safe_div(xg, denom), -FP4_MAX, FP4_MAX)
   q = jnp.where(jnp.isnan(xg), 0.0, q)  # the NaN lives on in the block scale
   nib = lax.bitcast_convert_type(q.astype(jnp.float4_e2m1fn), jnp.uint4).astype(jnp.uint8)
@@ -264,7 +285,8 @@ def _dequantize_nvfp4(q: QArray):
   nib = packing.unpack_nibbles(q.codes, q.axis).astype(jnp.uint4)
   vals = lax.bitcast_convert_type(nib, jnp.float4_e2m1fn).astype(jnp.float32)
   vg = _groups(vals, q.axis, q.spec.block_size)
-  return _ungroup(vg * _scale_groups(q.scale, q.axis).astype(jnp.float32) * q.global_scale, q.axis)
+  dec = _per_matrix(q.global_scale, vg.ndim)
+  return _ungroup(vg * _scale_groups(q.scale, q.axis).astype(jnp.float32) * dec, q.axis)
 
 
 _QUANTIZE = {Int4: _quantize_int4, FP8: _quantize_fp8, MXFP8: _quantize_mxfp8, NVFP4: _quantize_nvfp4}
@@ -281,7 +303,7 @@ def quantize(x: jax.Array, spec: Spec, *, axis: int = -1) -> QArray:
     x: float32 / bfloat16 / float16 array.
     spec: an `Int4`, `FP8`, `MXFP8` or `NVFP4` spec.
     axis: the axis groups run along: the contraction axis of the matmul the array
-      feeds (0 for a weight [K, N] used as `x @ w`). Ignored by FP8 channel/token,
+      feeds (0 or -2 for a weight [K, N] used as `x @ w`). Ignored by FP8 channel/token,
       which reduce over it, and FP8 block, which tiles the last two axes.
 
   Returns:
@@ -294,7 +316,7 @@ def quantize(x: jax.Array, spec: Spec, *, axis: int = -1) -> QArray:
   x = jnp.asarray(x)
   ax = check_spec(spec, x.shape, x.dtype, axis)
   codes, scale, global_scale = _QUANTIZE[type(spec)](x.astype(jnp.float32), spec, ax)
-  return QArray(codes=codes, scale=scale, global_scale=global_scale, spec=spec, shape=tuple(x.shape), axis=ax)
+  return QArray(codes=codes, scale=scale, global_scale=global_scale, spec=spec, axis=ax)
 
 
 def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:

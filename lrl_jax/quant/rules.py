@@ -48,12 +48,13 @@ class QuantRules:
 
   Attributes:
     rules: tuple of (regex, spec or None).
-    axis: the axis groups run along in a selected kernel; 0 for Flax `Dense`
-      kernels [K, N] used as `x @ w` (the contraction axis).
+    axis: the axis groups run along in a selected kernel; -2 for Flax `Dense`
+      kernels [.., K, N] used as `x @ w` (the contraction axis; leading axes are
+      stacked layers).
   """
 
   rules: tuple[tuple[str, Spec | None], ...]
-  axis: int = 0
+  axis: int = -2
 
   @classmethod
   def default(cls, spec: Spec | None) -> "QuantRules":
