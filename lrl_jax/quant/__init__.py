@@ -7,6 +7,8 @@ Formats: `Int4` (W4A16, slime / compressed-tensors), `FP8` (E4M3, channel/token/
 
 from lrl_jax.quant.specs import FP8, Int4, MXFP8, NVFP4, Spec
 from lrl_jax.quant.qarray import QArray, check_spec, dequantize, fake_quant, quantize
+from lrl_jax.quant.debug import check_finite, checked
+from lrl_jax.quant.aqt import aqt_fake_quant, dot_general_for
 from lrl_jax.quant.rules import QuantRules, dequantize_params, fake_quant_params, path_str, quantize_params
 from lrl_jax.quant.packing import (
     pack_int4_compressed_tensors,
@@ -18,6 +20,7 @@ from lrl_jax.quant.packing import (
 __all__ = [
     "Int4", "FP8", "MXFP8", "NVFP4", "Spec",
     "QArray", "quantize", "dequantize", "fake_quant", "check_spec",
+    "dot_general_for", "aqt_fake_quant", "check_finite", "checked",
     "QuantRules", "quantize_params", "fake_quant_params", "dequantize_params", "path_str",
     "pack_nibbles", "unpack_nibbles", "pack_int4_compressed_tensors", "unpack_int4_compressed_tensors",
 ]

@@ -143,6 +143,16 @@ def _exact_cast(x: jax.Array, dtype) -> jax.Array:
   return lax.optimization_barrier(x.astype(dtype))
 
 
+def _div(x: jax.Array, d) -> jax.Array:
+  """x / d, a true IEEE division.
+
+  XLA rewrites `x / broadcast(d)` into `x * broadcast(1 / d)` (seen on CPU), which is
+  off by an ulp often enough to move codes at rounding ties. slime and compressed-tensors
+  divide; hiding the broadcast behind a barrier keeps the division.
+  """
+  return x / lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(d, x.dtype), x.shape))
+
+
 def _groups(x: jax.Array, axis: int, size: int) -> jax.Array:
   """[.., K, ..] -> [.., K/size, size] with the group axis moved last."""
   x = jnp.moveaxis(x, axis, -1)
@@ -165,7 +175,12 @@ def _scale_groups(scale: jax.Array, axis: int) -> jax.Array:
 
 
 def _absmax(xg: jax.Array, axes) -> jax.Array:
-  return jnp.max(jnp.abs(xg), axis=axes, keepdims=True)
+  """max |x| over `axes` (kept), NaN for a group holding a NaN or Inf.
+
+  Marked explicitly: some XLA CPU reductions drop NaN from a max.
+  """
+  amax = jnp.max(jnp.abs(xg), axis=axes, keepdims=True)
+  return jnp.where(jnp.all(jnp.isfinite(xg), axis=axes, keepdims=True), amax, jnp.nan)
 
 
 def _poison(s: jax.Array, amax: jax.Array) -> jax.Array:
@@ -175,7 +190,7 @@ def _poison(s: jax.Array, amax: jax.Array) -> jax.Array:
 
 def _safe_div(x: jax.Array, d: jax.Array) -> jax.Array:
   """x / d with d == 0 (an all-zero or underflowed group) giving 0, never NaN."""
-  return jnp.where(d > 0, x / jnp.where(d > 0, d, 1.0), 0.0)
+  return jnp.where(d > 0, _div(x, jnp.where(d > 0, d, 1.0)), 0.0)
 
 
 # --------------------------------------------------------------------------- formats
@@ -185,10 +200,10 @@ def _quantize_int4(x, spec: Int4, axis):
   xg = _groups(x, axis, spec.group_size)
   sdt = jnp.dtype(spec.scale_dtype)
   amax = _absmax(xg, -1)
-  s = jnp.maximum(amax / INT4_MAX, _INT4_SCALE_FLOOR)
+  s = jnp.maximum(_div(amax, INT4_MAX), _INT4_SCALE_FLOOR)
   s = _poison(jnp.minimum(s, float(jnp.finfo(sdt).max)), amax)  # amax/7 can overflow fp16: saturate
   s = _exact_cast(s, sdt)  # scale is rounded to its storage dtype *before* use
-  q = jnp.round(xg / s.astype(jnp.float32))  # jnp.round is round-half-to-even
+  q = jnp.round(_div(xg, s.astype(jnp.float32)))  # jnp.round is round-half-to-even
   q = jnp.clip(jnp.where(jnp.isnan(q), 0.0, q), -INT4_MAX, INT4_MAX).astype(jnp.int8)
   codes = packing.pack_nibbles((_ungroup(q, axis) + 8).astype(jnp.uint8), axis)
   return codes, _scale_shape(s, axis), None
@@ -202,13 +217,13 @@ def _dequantize_int4(q: QArray):
 
 def _fp8_codes(x, s):
   # A plain cast of |x| > 464 to float8_e4m3fn gives NaN: clip to ±448 first.
-  return _exact_cast(jnp.clip(x / s, -FP8_MAX, FP8_MAX), jnp.float8_e4m3fn)
+  return _exact_cast(jnp.clip(_div(x, s), -FP8_MAX, FP8_MAX), jnp.float8_e4m3fn)
 
 
 def _fp8_scale(amax):
   # s = amax / 448, floored at the smallest normal f32 so that x / s never meets a
   # flushed-to-zero denominator (amax == 0 then yields zero codes).
-  return _poison(jnp.maximum(amax / FP8_MAX, _F32_TINY), amax)
+  return _poison(jnp.maximum(_div(amax, FP8_MAX), _F32_TINY), amax)
 
 
 def _quantize_fp8(x, spec: FP8, axis):
@@ -236,7 +251,7 @@ def _dequantize_fp8(q: QArray):
 def _quantize_mxfp8(x, spec: MXFP8, axis):
   xg = _groups(x, axis, spec.block_size)
   amax = _absmax(xg, -1)
-  v = amax / FP8_MAX
+  v = _div(amax, FP8_MAX)
   mant, exp = jnp.frexp(v)  # v = mant · 2^exp, mant in [0.5, 1)
   e = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2 v), exact for powers of two
   e = jnp.where(v > 0, e, -126)
@@ -272,7 +287,7 @@ def _quantize_nvfp4(x, spec: NVFP4, axis):
   xg = _groups(x, axis, spec.block_size)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
   amax = _absmax(xg, -1)
-  sb = _exact_cast(_poison(jnp.minimum(amax * enc / FP4_MAX, FP8_MAX), amax), jnp.float8_e4m3fn)
+  sb = _exact_cast(_poison(jnp.minimum(_div(amax * enc, FP4_MAX), FP8_MAX), amax), jnp.float8_e4m3fn)
   denom = sb.astype(jnp.float32) * dec_g
   q = jnp.clip(_safe_div(xg, denom), -FP4_MAX, FP4_MAX)
   q = jnp.where(jnp.isnan(xg), 0.0, q)  # the NaN lives on in the block scale

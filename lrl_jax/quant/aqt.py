@@ -1,0 +1,188 @@
+"""QAT dot_generals: the learner's matmul on fake-quantized weights, built on Google AQT.
+
+`dot_general_for(spec)` returns a `lax.dot_general`-compatible function that computes
+
+    y = x · ŵ,   ŵ = dequantize(quantize(w, spec, axis=<rhs contraction axis>), w.dtype)
+
+bit for bit (the contract), with a straight-through gradient to w and the exact
+gradient g · ŵᵀ to x. Flax layers take it as their `dot_general`.
+
+INT4 and FP8 weights are quantized by AQT (`aqt.jax.v2`): its `Quantizer` runs the
+calibration, the numerics (clip, round, cast) and `QTensor.dequant`. AQT's defaults
+differ from the contract, so it is configured as follows, each change through one of
+AQT's own extension points:
+
+* numerics: `IntSymmetric(bits=4, preserve_zero=True, preserve_max_val=True)` maps amax
+  to the centre of the last bucket, i.e. s = amax/7 with codes clipped to ±7 (AQT's
+  default, `preserve_max_val=False`, uses 7.5 and reaches -8). FP8 uses `Fp8Numerics(e4m3)`,
+  which clips to ±448 before the cast, as the contract does.
+* calibration: `_ContractCalibration` (a `Calibration` subclass) computes the group /
+  channel / block scales exactly as `quant.quantize` does: the 1e-5 floor (AQT's
+  AbsMax maps an all-zero group to amax 1 instead), rounding to the scale dtype
+  (bf16) before use, and NaN for a non-finite group. Groups run along the rhs
+  contraction axis (AQT has no sub-channel calibration in the forward pass; the scale
+  is returned broadcast to the weight's shape, which fake-quant mode accepts).
+* quantizer: AQT quantizes as `x * reciprocal(s)` (`QTensor.quant`), while slime and
+  compressed-tensors divide, and the two differ at exact rounding ties.
+  `_DividingQuantizer` overrides `Quantizer.calculate_qvalue` to divide.
+
+The dot itself is a plain `lax.dot_general` on ŵ (AQT's `DequantMode.THIS_INPUT`,
+fake quant): the AQT `DotGeneral` custom gradient would give x the gradient g · wᵀ of
+the *unquantized* weight, whereas the learner should differentiate what it computed.
+
+NVFP4 (two-level scale: the per-block E4M3 scale and the per-matrix FP32 scale are
+applied as two separate multiplications, which AQT's single-scale QTensor cannot
+reproduce bit for bit) and MXFP8 use `fake_quant` from this package.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from aqt.jax.v2 import aqt_quantizer
+from aqt.jax.v2 import calibration as aqt_calibration
+from aqt.jax.v2 import utils as aqt_utils
+from aqt.jax.v2.numerics import fp8_numerics, int_numerics
+
+from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, check_spec, fake_quant
+from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, Int4, Spec
+
+__all__ = ["dot_general_for", "aqt_fake_quant"]
+
+DotGeneral = Callable[..., jax.Array]
+
+
+@aqt_utils.flax_slots_kw_only_dataclass
+class _ContractCalibration(aqt_calibration.Calibration):
+  """Scales of `lrl_jax.quant` for Int4 groups and FP8 channels/blocks, broadcast to x's shape."""
+
+  spec: Int4 | FP8 = aqt_utils.static_field()
+
+  def get_scale_and_bias_and_sparsity(self, x, shared_axes, numerics_, context=None):
+    del numerics_, context
+    (axis,) = shared_axes
+    x = x.astype(jnp.float32)
+    spec = self.spec
+    if isinstance(spec, Int4):
+      xg = jnp.moveaxis(x, axis, -1)
+      xg = xg.reshape(*xg.shape[:-1], xg.shape[-1] // spec.group_size, spec.group_size)
+      amax = _absmax(xg, -1)
+      sdt = jnp.dtype(spec.scale_dtype)
+      s = jnp.minimum(jnp.maximum(_div(amax, INT4_MAX), _INT4_SCALE_FLOOR), float(jnp.finfo(sdt).max))
+      s = jnp.where(jnp.isfinite(amax), s, jnp.nan)
+      # Round to the storage dtype before use; the barrier stops XLA from keeping excess precision.
+      s = lax.optimization_barrier(s.astype(sdt)).astype(jnp.float32)
+      s = jnp.broadcast_to(s, xg.shape).reshape(jnp.moveaxis(x, axis, -1).shape)
+      s = jnp.moveaxis(s, -1, axis)
+    elif spec.granularity == "block":
+      b = spec.block
+      *lead, k, n = x.shape
+      xb = x.reshape(*lead, k // b, b, n // b, b)
+      amax = _absmax(xb, (-3, -1))
+      s = jnp.where(jnp.isfinite(amax), jnp.maximum(_div(amax, FP8_MAX), _F32_TINY), jnp.nan)
+      s = jnp.broadcast_to(s, xb.shape).reshape(x.shape)
+    else:
+      amax = _absmax(x, axis)
+      s = jnp.where(jnp.isfinite(amax), jnp.maximum(_div(amax, FP8_MAX), _F32_TINY), jnp.nan)
+      s = jnp.broadcast_to(s, x.shape)
+    return [s], [], None
+
+
+@aqt_utils.flax_slots_kw_only_dataclass
+class _DividingQuantizer(aqt_quantizer.Quantizer):
+  """AQT Quantizer that computes x / s (as slime and compressed-tensors do), not x · (1/s)."""
+
+  def calculate_qvalue(self, x, qt):
+    (s,) = qt.scale
+    qt = qt.replace(qvalue=_div(x.astype(jnp.float32), s))
+    x_q, res = self.numerics.vjp_fwd(qt.qvalue, self.context)
+    return qt.replace(qvalue=x_q), jax.tree_util.Partial(self.numerics.vjp_bwd, res)
+
+
+def _numerics(spec: Int4 | FP8):
+  if isinstance(spec, Int4):
+    return int_numerics.IntSymmetric(
+        bits=4, preserve_zero=True, preserve_max_val=True, clip=True, round=True,
+        noise_fn=None, clip_gradient=False, dtype=jnp.int8)
+  return fp8_numerics.Fp8Numerics(dtype=jnp.float8_e4m3fn, exponent_bits=4, mantissa_bits=3)
+
+
+@functools.lru_cache(maxsize=None)
+def _quantizer(spec: Int4 | FP8) -> aqt_quantizer.Quantizer:
+  q = _DividingQuantizer(
+      numerics=_numerics(spec),
+      calib_shared_axes=None,
+      scale_stop_grad=True,
+      calibration=functools.partial(_ContractCalibration, spec=spec),
+      context=aqt_utils.Context(key=None, train_step=None),
+  )
+  q.init_calibration()
+  return q
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _aqt_fake_quant(w, spec, axis):
+  qt, _ = _quantizer(spec).quant(w, calibration_axes=[axis])
+  return qt.dequant()
+
+
+def _aqt_fake_quant_fwd(w, spec, axis):
+  return _aqt_fake_quant(w, spec, axis), None
+
+
+def _aqt_fake_quant_bwd(spec, axis, _, g):
+  return (g,)  # straight-through: the numerics' own vjp is the identity (clip_gradient=False)
+
+
+_aqt_fake_quant.defvjp(_aqt_fake_quant_fwd, _aqt_fake_quant_bwd)
+
+
+def aqt_fake_quant(w: jax.Array, spec: Int4 | FP8, *, axis: int = -2) -> jax.Array:
+  """ŵ computed by AQT's Quantizer; equals `quant.fake_quant(w, spec, axis=axis)` bit for bit."""
+  if not isinstance(spec, (Int4, FP8)):
+    raise ValueError(f"aqt_fake_quant supports Int4 and FP8 specs; got {spec} (use quant.fake_quant)")
+  ax = check_spec(spec, w.shape, w.dtype, axis) % w.ndim
+  return _aqt_fake_quant(w, spec, ax)
+
+
+def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGeneral:
+  """A `lax.dot_general` replacement that fake-quantizes its rhs (the weight) to `spec`.
+
+  Args:
+    spec: weight format, or None for a plain dot_general. Groups run along the rhs
+      contraction axis (which must be a single axis).
+    act_spec: optional FP8(granularity="token") for the lhs (W8A8): the activations are
+      fake-quantized per token along the lhs contraction axis.
+
+  Returns:
+    dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None).
+    The rhs is quantized in its own dtype; quantize the same array for serving (if the
+    learner casts f32 master weights to bf16 first, the sampler quantizes the bf16 cast).
+  """
+  if act_spec is not None and not (isinstance(act_spec, FP8) and act_spec.granularity == "token"):
+    raise ValueError(f"act_spec must be FP8(granularity='token'); got {act_spec}")
+
+  def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    (lhs_ca, rhs_ca), _ = dimension_numbers
+    if spec is not None:
+      if len(rhs_ca) != 1:
+        raise ValueError(f"{spec}: the weight must contract over one axis; got rhs shape {rhs.shape}, "
+                         f"contracting axes {tuple(rhs_ca)}")
+      axis = int(rhs_ca[0])
+      if isinstance(spec, (Int4, FP8)):
+        rhs = aqt_fake_quant(rhs, spec, axis=axis)
+      else:
+        rhs = fake_quant(rhs, spec, axis=axis)
+    if act_spec is not None:
+      if len(lhs_ca) != 1:
+        raise ValueError(f"{act_spec}: activations must contract over one axis; got lhs shape {lhs.shape}")
+      lhs = aqt_fake_quant(lhs, act_spec, axis=int(lhs_ca[0]))
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                           preferred_element_type=preferred_element_type)
+
+  return dot_general

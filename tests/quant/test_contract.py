@@ -1,0 +1,235 @@
+"""The contract: quantize matches a NumPy reference bit for bit, fake_quant == dequantize(quantize)."""
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from lrl_jax import quant
+from lrl_jax.quant import packing
+from tests.quant import reference as ref
+
+SPECS = [
+    quant.Int4(group_size=32), quant.Int4(group_size=64), quant.Int4(group_size=128),
+    quant.FP8(), quant.FP8(granularity="token"), quant.FP8(granularity="block", block=32),
+    quant.MXFP8(), quant.NVFP4(),
+]
+IDS = [s.name if not isinstance(s, quant.FP8) or s.granularity != "token" else "fp8_token" for s in SPECS]
+
+
+def _same(a, b):
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  assert a.shape == b.shape
+  np.testing.assert_array_equal(a, b)  # NaN == NaN here; -0 == +0
+
+
+# quantize and dequantize as two separate compiled programs (op-by-op dispatch is slow on CPU);
+# fake_quant is a third, fused one: the contract says all of them agree bit for bit.
+_quantize = jax.jit(quant.quantize, static_argnames=("spec", "axis"))
+_dequantize = jax.jit(quant.dequantize, static_argnames=("dtype",))
+
+
+def _fq_jit(spec, axis):
+  return jax.jit(lambda x: quant.fake_quant(x, spec, axis=axis))
+
+
+def _inputs(rng, shape):
+  """Named inputs covering the cases the contract must hold on."""
+  g = rng.standard_normal(shape).astype(np.float32)
+  out = {
+      "gaussian": g,
+      "heavy_tailed": rng.standard_t(1.5, shape).astype(np.float32),
+      "all_zero": np.zeros(shape, np.float32),
+      "denormal": (g * 1e-39).astype(np.float32),
+      "tiny_1e-30": (g * 1e-30).astype(np.float32),
+      "huge_1e30": (g * 1e30).astype(np.float32),
+      "near_f32_max": (np.clip(g, -1, 1) * 3e38).astype(np.float32),
+  }
+  mixed = g.copy()
+  mixed[: shape[0] // 2] = 0.0  # zero groups next to non-zero ones
+  out["half_zero"] = mixed
+  return out
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+@pytest.mark.parametrize("axis", [0, -1])
+def test_fake_quant_equals_dequantize_quantize(spec, axis):
+  rng = np.random.default_rng(0)
+  for name, x in _inputs(rng, (128, 128)).items():
+    for dtype in (jnp.float32, jnp.bfloat16):
+      xj = jnp.asarray(x, dtype)
+      d = _dequantize(_quantize(xj, spec, axis=axis), dtype)
+      f = _fq_jit(spec, axis)(xj)
+      assert f.dtype == dtype
+      _same(f, d)
+      assert np.isfinite(np.asarray(d, np.float32)).all(), f"{spec.name} {name} {dtype}: finite input gave non-finite"
+
+
+HYPOTHESIS_SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.FP8(),
+                    quant.FP8(granularity="block", block=4), quant.MXFP8(), quant.NVFP4()]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_fake_quant_equals_dequantize_quantize_hypothesis(data):
+  spec = data.draw(st.sampled_from(HYPOTHESIS_SPECS))
+  axis = data.draw(st.sampled_from([0, 1]))
+  elems = st.floats(-1e6, 1e6, width=32, allow_nan=False, allow_infinity=False, allow_subnormal=True)
+  x = data.draw(hnp.arrays(np.float32, (128, 4) if axis == 0 else (4, 128), elements=elems))
+  scale = data.draw(st.sampled_from([1.0, 1e-30, 1e30, 1e-38]))
+  x = (x * np.float32(scale)).astype(np.float32)
+  xj = jnp.asarray(x)
+  _same(_fq_jit(spec, axis)(xj), _dequantize(_quantize(xj, spec, axis=axis)))
+
+
+def _int4_ties(rng, shape):
+  """Weights whose quotient w/s is an exact .5 tie for the bf16 scale their group gets."""
+  s = np.float32(ml_dtypes.bfloat16(0.0371))
+  q = rng.integers(-7, 7, size=shape).astype(np.float32) + 0.5
+  q[::32] = 7.0  # every group's amax is 7 s exactly, so s = amax / 7 is the bf16 value itself
+  w = (q * s).astype(np.float32)
+  np.testing.assert_array_equal(w / s, q)  # the ties are exact in f32
+  return w
+
+
+def test_int4_matches_reference_bitwise():
+  rng = np.random.default_rng(1)
+  cases = dict(_inputs(rng, (128, 48)))
+  cases["ties"] = _int4_ties(rng, (128, 48))
+  for name, x in cases.items():
+    if name == "near_f32_max":
+      continue  # reference's f32 amax/7 is fine, but bf16 has the range; covered by the finite test
+    for g in ((32,) if name == "ties" else (32, 128)):
+      q = _quantize(jnp.asarray(x), quant.Int4(group_size=g), axis=0)
+      codes_ref, s_ref, xhat_ref = ref.int4(x, g, axis=0)
+      codes = np.asarray(packing.unpack_nibbles(q.codes, axis=0)).astype(np.int16) - 8
+      np.testing.assert_array_equal(codes, codes_ref, err_msg=f"{name} g{g}")
+      np.testing.assert_array_equal(np.asarray(q.scale, np.float32), s_ref, err_msg=name)
+      _same(_dequantize(q), xhat_ref)
+
+
+def test_int4_ties_round_half_to_even():
+  s = np.float32(ml_dtypes.bfloat16(0.0371))
+  # quotients: amax 7, then ties 2.5 -> 2, 3.5 -> 4, -0.5 -> -0, 6.5 -> 6, -6.5 -> -6
+  w = np.array([7, 2.5, 3.5, -0.5, 6.5, -6.5, 1.5, 0.5] * 4, np.float32) * s
+  q = _quantize(jnp.asarray(w), quant.Int4(group_size=32))
+  codes = np.asarray(packing.unpack_nibbles(q.codes)).astype(np.int16) - 8
+  np.testing.assert_array_equal(codes[:8], [7, 2, 4, 0, 6, -6, 2, 0])
+
+
+def test_fp8_matches_reference_bitwise():
+  rng = np.random.default_rng(2)
+  for name, x in _inputs(rng, (64, 96)).items():
+    if name == "denormal":
+      continue  # f32 denormals are flushed to zero on CPU (XLA) but not in NumPy
+    q = _quantize(jnp.asarray(x), quant.FP8(), axis=0)
+    c_ref, s_ref, xhat_ref = ref.fp8_channel(x, axis=0)
+    np.testing.assert_array_equal(np.asarray(q.codes).view(np.uint8), c_ref.view(np.uint8), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(q.scale), s_ref, err_msg=name)
+    _same(_dequantize(q), xhat_ref)
+    qb = _quantize(jnp.asarray(x), quant.FP8(granularity="block", block=32))
+    cb_ref, sb_ref, xbhat_ref = ref.fp8_block(x, 32)
+    np.testing.assert_array_equal(np.asarray(qb.codes).view(np.uint8), cb_ref.view(np.uint8), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(qb.scale), sb_ref, err_msg=name)
+    _same(_dequantize(qb), xbhat_ref)
+
+
+def test_fp8_clips_before_cast():
+  # A plain cast of 500 to float8_e4m3fn is NaN; the contract saturates at 448·s.
+  x = jnp.array([[500.0, 1.0]], jnp.float32).T  # amax 500 -> s = 500/448, code 448
+  q = _quantize(x, quant.FP8(), axis=0)
+  assert float(_dequantize(q)[0, 0]) == pytest.approx(500.0, rel=1e-6)
+  assert np.isnan(np.float32(jnp.array(500.0).astype(jnp.float8_e4m3fn)))
+
+
+def test_mxfp8_matches_reference_bitwise():
+  rng = np.random.default_rng(3)
+  for name, x in _inputs(rng, (64, 96)).items():
+    if name == "denormal":
+      continue  # f32 denormal inputs are flushed to zero on CPU (XLA) but not in NumPy
+    q = _quantize(jnp.asarray(x), quant.MXFP8(), axis=0)
+    c_ref, s_ref, xhat_ref = ref.mxfp8(x, axis=0)
+    np.testing.assert_array_equal(np.asarray(q.codes).view(np.uint8), c_ref.view(np.uint8), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(q.scale, np.float32), s_ref, err_msg=name)
+    _same(_dequantize(q), xhat_ref)
+
+
+def test_mxfp8_scale_is_round_up_power_of_two():
+  # amax = 448 · 2^3 exactly -> scale 2^3; amax just above -> 2^4 (round up, no clipping).
+  x = np.zeros((32, 2), np.float32)
+  x[0, 0] = 448 * 8
+  x[0, 1] = np.nextafter(np.float32(448 * 8), np.float32(1e9))
+  q = _quantize(jnp.asarray(x), quant.MXFP8(), axis=0)
+  np.testing.assert_array_equal(np.asarray(q.scale, np.float32), [[8.0, 16.0]])
+  assert np.asarray(q.scale).dtype == jnp.float8_e8m0fnu
+
+
+def test_nvfp4_matches_reference_bitwise():
+  rng = np.random.default_rng(4)
+  for name, x in _inputs(rng, (64, 96)).items():
+    if name in ("denormal", "near_f32_max"):
+      continue  # f32 denormal/overflow handling (flush-to-zero on CPU) is covered by the finite test
+    q = _quantize(jnp.asarray(x), quant.NVFP4(), axis=0)
+    c_ref, sb_ref, dec_ref, xhat_ref = ref.nvfp4(x, axis=0)
+    nib = np.asarray(packing.unpack_nibbles(q.codes, axis=0))
+    np.testing.assert_array_equal(nib, c_ref.view(np.uint8) & 0xF, err_msg=name)
+    np.testing.assert_array_equal(np.asarray(q.scale).view(np.uint8), sb_ref.view(np.uint8), err_msg=name)
+    assert np.float32(q.global_scale) == dec_ref, name
+    _same(_dequantize(q), xhat_ref)
+
+
+def test_all_zero_is_zero_everywhere():
+  z = jnp.zeros((128, 64), jnp.float32)
+  for spec in SPECS:
+    q = _quantize(z, spec, axis=0)
+    _same(_dequantize(q), np.zeros((128, 64)))
+    assert np.isfinite(np.asarray(q.scale, np.float32)).all(), spec
+
+
+def test_nan_stays_in_its_group():
+  x = np.random.default_rng(5).standard_normal((128, 64)).astype(np.float32)
+  x[3, 5] = np.nan
+  x[70, 9] = np.inf
+  for spec in SPECS:
+    d = np.asarray(_dequantize(_quantize(jnp.asarray(x), spec, axis=0)))
+    bad = ~np.isfinite(d)
+    assert bad[3, 5] and bad[70, 9], spec
+    # Every other column is untouched by the non-finite elements (groups run along axis 0).
+    other = np.ones(64, bool)
+    other[[5, 9]] = False
+    if not (isinstance(spec, quant.FP8) and spec.granularity == "block"):
+      assert np.isfinite(d[:, other]).all(), spec
+    # Within the column, only the group holding the bad element is affected.
+    if isinstance(spec, (quant.Int4, quant.MXFP8, quant.NVFP4)):
+      g = spec.block
+      assert np.isfinite(np.delete(d[:, 5], np.s_[(3 // g) * g:(3 // g + 1) * g])).all(), spec
+
+
+def test_stacked_equals_per_matrix():
+  x = jax.random.normal(jax.random.key(0), (3, 128, 32))
+  for spec in SPECS:
+    stacked = _dequantize(_quantize(x, spec, axis=-2))
+    per = jnp.stack([_dequantize(_quantize(x[i], spec, axis=0)) for i in range(3)])
+    _same(stacked, per)
+    sliced = jax.lax.scan(lambda c, q: (c, _dequantize(q)), 0, quant.quantize(x, spec, axis=-2))[1]
+    _same(sliced, per)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_straight_through_gradient(spec):
+  x = jax.random.normal(jax.random.key(1), (128, 32))
+  ct = jax.random.normal(jax.random.key(2), (128, 32))
+  g = jax.grad(lambda x: jnp.sum(quant.fake_quant(x, spec, axis=0) * ct))(x)
+  _same(g, ct)
+
+
+def test_qarray_is_a_pytree_with_static_spec():
+  q = _quantize(jnp.ones((64, 8)), quant.Int4(group_size=32), axis=0)
+  leaves, tree = jax.tree_util.tree_flatten(q)
+  assert len(leaves) == 2  # codes, scale (global_scale None)
+  q2 = jax.tree_util.tree_unflatten(tree, leaves)
+  assert q2.spec == q.spec and q2.shape == (64, 8) and q2.axis == -2
+  assert q.bits_per_weight == pytest.approx(4 + 16 / 32)
