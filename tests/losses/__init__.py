@@ -1,0 +1,1 @@
+"""Tests of lrl_jax.losses."""
