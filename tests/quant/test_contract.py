@@ -55,8 +55,7 @@ def _inputs(rng, shape):
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
-@pytest.mark.parametrize("axis", [0, -1])
-def test_fake_quant_equals_dequantize_quantize(spec, axis):
+def test_fake_quant_equals_dequantize_quantize(spec, axis=0):  # axis 1: the hypothesis test
   rng = np.random.default_rng(0)
   for name, x in _inputs(rng, (128, 128)).items():
     for dtype in (jnp.float32, jnp.bfloat16):
@@ -210,7 +209,7 @@ def test_nan_stays_in_its_group():
 
 def test_stacked_equals_per_matrix():
   x = jax.random.normal(jax.random.key(0), (3, 128, 32))
-  for spec in SPECS:
+  for spec in HYPOTHESIS_SPECS:
     stacked = _dequantize(_quantize(x, spec, axis=-2))
     per = jnp.stack([_dequantize(_quantize(x[i], spec, axis=0)) for i in range(3)])
     _same(stacked, per)

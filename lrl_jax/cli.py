@@ -1,0 +1,58 @@
+"""The `lrl-jax` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def _numerics(args) -> int:
+  import jax
+  import numpy as np
+
+  from lrl_jax.quant import report
+
+  k, n = args.shape
+  print(f"lrl_jax numerics demo: every format on a {k}x{n} N(0,1) weight matrix "
+        f"(backend: {jax.default_backend()}, {jax.device_count()} device(s))", flush=True)
+  w = np.random.default_rng(args.seed).standard_normal((k, n)).astype(np.float32)
+  rows = report.error_table(w, repeats=args.repeats)
+  print(report.format_table(rows, f"quantize along K (axis 0), {k}x{n}, seed {args.seed}"))
+  if not all(r.contract_holds for r in rows):
+    print("contract violated: fake_quant != dequantize(quantize) for some format", file=sys.stderr)
+    return 1
+  print("\nfake_quant(w) == dequantize(quantize(w)) held bit for bit for every format.")
+  return 0
+
+
+def _bench(args, rest) -> int:
+  if args.what != "kernels":
+    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels")
+  from lrl_jax.kernels import bench
+
+  return bench.main(rest) or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="lrl-jax", description="Low-precision RL for LLMs in JAX.")
+  sub = parser.add_subparsers(dest="command", required=True)
+  for name, help_ in (("demo", "the README's main job on the embedded default"),
+                      ("numerics", "error table of every quantization format")):
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3)
+  p = sub.add_parser("bench", help="benchmarks: `lrl-jax bench kernels [--quick ...]`")
+  p.add_argument("what", choices=["kernels"])
+  args, rest = parser.parse_known_args(argv)
+  if args.command in ("demo", "numerics"):
+    if rest:
+      parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return _numerics(args)
+  return _bench(args, rest)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
