@@ -49,7 +49,7 @@ from aqt.jax.v2 import calibration as aqt_calibration
 from aqt.jax.v2 import utils as aqt_utils
 from aqt.jax.v2.numerics import fp8_numerics, int_numerics
 
-from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, check_spec, fake_quant
+from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant
 from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, Int4, Spec
 
 __all__ = ["dot_general_for", "aqt_fake_quant"]
@@ -69,16 +69,15 @@ class _ContractCalibration(aqt_calibration.Calibration):
     x = x.astype(jnp.float32)
     spec = self.spec
     if isinstance(spec, Int4):
-      xg = jnp.moveaxis(x, axis, -1)
-      xg = xg.reshape(*xg.shape[:-1], xg.shape[-1] // spec.group_size, spec.group_size)
-      amax = _absmax(xg, -1)
+      axis -= x.ndim  # negative: the element axis keeps its index in the grouped layout
+      xg = _groups(x, axis, spec.group_size)
+      amax = _absmax(xg, axis)
       sdt = jnp.dtype(spec.scale_dtype)
       s = jnp.minimum(jnp.maximum(_div(amax, INT4_MAX), _INT4_SCALE_FLOOR), float(jnp.finfo(sdt).max))
       s = jnp.where(jnp.isfinite(amax), s, jnp.nan)
       # Round to the storage dtype before use; the barrier stops XLA from keeping excess precision.
       s = lax.optimization_barrier(s.astype(sdt)).astype(jnp.float32)
-      s = jnp.broadcast_to(s, xg.shape).reshape(jnp.moveaxis(x, axis, -1).shape)
-      s = jnp.moveaxis(s, -1, axis)
+      s = jnp.broadcast_to(s, xg.shape).reshape(x.shape)
     elif spec.granularity == "block":
       b = spec.block
       *lead, k, n = x.shape

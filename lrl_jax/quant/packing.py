@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 __all__ = [
@@ -32,19 +33,18 @@ def _check_even(x, axis: int, what: str):
 def pack_nibbles(codes: jax.Array, axis: int = -1) -> jax.Array:
   """[.., 2n, ..] uint8 codes in [0, 15] -> [.., n, ..] uint8; element 2i in the low nibble."""
   _check_even(codes, axis, "pack_nibbles")
-  codes = jnp.moveaxis(codes.astype(jnp.uint8), axis, -1)
-  lo, hi = codes[..., 0::2], codes[..., 1::2]
-  packed = (lo & 0xF) | ((hi & 0xF) << 4)
-  return jnp.moveaxis(packed.astype(jnp.uint8), -1, axis)
+  ax = axis % codes.ndim
+  pairs = codes.astype(jnp.uint8).reshape(codes.shape[:ax] + (codes.shape[ax] // 2, 2) + codes.shape[ax + 1:])
+  lo = lax.index_in_dim(pairs, 0, ax + 1, keepdims=False)
+  hi = lax.index_in_dim(pairs, 1, ax + 1, keepdims=False)
+  return ((lo & 0xF) | ((hi & 0xF) << 4)).astype(jnp.uint8)
 
 
 def unpack_nibbles(packed: jax.Array, axis: int = -1) -> jax.Array:
   """[.., n, ..] uint8 -> [.., 2n, ..] uint8 codes in [0, 15] (inverse of `pack_nibbles`)."""
-  packed = jnp.moveaxis(packed, axis, -1)
-  lo = packed & 0xF
-  hi = packed >> 4
-  codes = jnp.stack([lo, hi], axis=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
-  return jnp.moveaxis(codes, -1, axis)
+  ax = axis % packed.ndim
+  codes = jnp.stack([packed & 0xF, packed >> 4], axis=ax + 1)
+  return codes.reshape(packed.shape[:ax] + (2 * packed.shape[ax],) + packed.shape[ax + 1:])
 
 
 def pack_int4_compressed_tensors(q: np.ndarray | jax.Array, axis: int = -1) -> np.ndarray:

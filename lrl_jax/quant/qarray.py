@@ -154,24 +154,28 @@ def _div(x: jax.Array, d) -> jax.Array:
 
 
 def _groups(x: jax.Array, axis: int, size: int) -> jax.Array:
-  """[.., K, ..] -> [.., K/size, size] with the group axis moved last."""
-  x = jnp.moveaxis(x, axis, -1)
-  return x.reshape(*x.shape[:-1], x.shape[-1] // size, size)
+  """[.., K, ..] -> [.., K/size, size, ..] in place (a free reshape, no transpose).
+
+  `axis` is negative; in the grouped array the element axis keeps that same negative index.
+  """
+  ax = axis % x.ndim
+  return x.reshape(x.shape[:ax] + (x.shape[ax] // size, size) + x.shape[ax + 1:])
 
 
-def _ungroup(x: jax.Array, axis: int) -> jax.Array:
+def _ungroup(xg: jax.Array, axis: int) -> jax.Array:
   """Inverse of `_groups`."""
-  x = x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
-  return jnp.moveaxis(x, -1, axis)
+  e = axis % xg.ndim
+  return xg.reshape(xg.shape[:e - 1] + (xg.shape[e - 1] * xg.shape[e],) + xg.shape[e + 1:])
 
 
 def _scale_shape(scale_g: jax.Array, axis: int) -> jax.Array:
-  """[.., K/size, 1] group scales -> the logical shape with axis K replaced by K/size."""
-  return jnp.moveaxis(scale_g[..., 0], -1, axis)
+  """Group scales [.., K/size, 1, ..] -> the logical layout [.., K/size, ..]."""
+  return jnp.squeeze(scale_g, axis)
 
 
 def _scale_groups(scale: jax.Array, axis: int) -> jax.Array:
-  return jnp.moveaxis(scale, axis, -1)[..., None]
+  """Inverse of `_scale_shape`: broadcastable against the grouped array."""
+  return jnp.expand_dims(scale, axis)
 
 
 def _absmax(xg: jax.Array, axes) -> jax.Array:
@@ -199,7 +203,7 @@ def _safe_div(x: jax.Array, d: jax.Array) -> jax.Array:
 def _quantize_int4(x, spec: Int4, axis):
   xg = _groups(x, axis, spec.group_size)
   sdt = jnp.dtype(spec.scale_dtype)
-  amax = _absmax(xg, -1)
+  amax = _absmax(xg, axis)
   s = jnp.maximum(_div(amax, INT4_MAX), _INT4_SCALE_FLOOR)
   s = _poison(jnp.minimum(s, float(jnp.finfo(sdt).max)), amax)  # amax/7 can overflow fp16: saturate
   s = _exact_cast(s, sdt)  # scale is rounded to its storage dtype *before* use
@@ -250,7 +254,7 @@ def _dequantize_fp8(q: QArray):
 
 def _quantize_mxfp8(x, spec: MXFP8, axis):
   xg = _groups(x, axis, spec.block_size)
-  amax = _absmax(xg, -1)
+  amax = _absmax(xg, axis)
   v = _div(amax, FP8_MAX)
   mant, exp = jnp.frexp(v)  # v = mant · 2^exp, mant in [0.5, 1)
   e = jnp.where(mant == 0.5, exp - 1, exp)  # ceil(log2 v), exact for powers of two
@@ -286,7 +290,7 @@ def _quantize_nvfp4(x, spec: NVFP4, axis):
   dec, enc = _nvfp4_global(x)
   xg = _groups(x, axis, spec.block_size)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
-  amax = _absmax(xg, -1)
+  amax = _absmax(xg, axis)
   sb = _exact_cast(_poison(jnp.minimum(_div(amax * enc, FP4_MAX), FP8_MAX), amax), jnp.float8_e4m3fn)
   denom = sb.astype(jnp.float32) * dec_g
   q = jnp.clip(_safe_div(xg, denom), -FP4_MAX, FP4_MAX)
