@@ -232,3 +232,18 @@ def test_qarray_is_a_pytree_with_static_spec():
   q2 = jax.tree_util.tree_unflatten(tree, leaves)
   assert q2.spec == q.spec and q2.shape == (64, 8) and q2.axis == -2
   assert q.bits_per_weight == pytest.approx(4 + 16 / 32)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_int4_exact_ties_hypothesis(data):
+  """w/s exactly k + 0.5 for the group's own bf16 scale: codes round half to even, as the reference."""
+  s = np.float32(ml_dtypes.bfloat16(data.draw(st.floats(1e-4, 1e4))))
+  half = data.draw(hnp.arrays(np.int8, (32, 2), elements=st.integers(-7, 6))).astype(np.float32) + 0.5
+  half[0] = 7.0  # amax = 7 s exactly, so the scale is s itself
+  w = (half * s).astype(np.float32)
+  assert np.array_equal(w / s, half)  # the ties are exact in f32
+  q = _quantize(jnp.asarray(w), quant.Int4(group_size=32), axis=0)
+  codes = np.asarray(packing.unpack_nibbles(q.codes, axis=0)).astype(np.int16) - 8
+  np.testing.assert_array_equal(codes, ref.int4(w, 32, axis=0)[0])
+  np.testing.assert_array_equal(codes[1:], np.round(half[1:]))  # half to even
