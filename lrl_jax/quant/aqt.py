@@ -177,10 +177,14 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
         rhs = aqt_fake_quant(rhs, spec, axis=axis)
       else:
         rhs = fake_quant(rhs, spec, axis=axis)
+      # XLA may fuse the dequantization into the dot and change its accumulation order; the
+      # barrier keeps y == lax.dot_general(x, ŵ) bit for bit, the same dot the sampler's
+      # float path computes on dequantized weights.
+      rhs = lax.optimization_barrier(rhs)
     if act_spec is not None:
       if len(lhs_ca) != 1:
         raise ValueError(f"{act_spec}: activations must contract over one axis; got lhs shape {lhs.shape}")
-      lhs = aqt_fake_quant(lhs, act_spec, axis=int(lhs_ca[0]))
+      lhs = lax.optimization_barrier(aqt_fake_quant(lhs, act_spec, axis=int(lhs_ca[0])))
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type)
 
