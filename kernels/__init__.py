@@ -1,18 +1,17 @@
 """lrl_jax.kernels — low-bit matmuls that read QArray codes directly.
 
-`qmatmul(x, q)` computes `x @ dequantize(q)` for a weight QArray q of logical shape [K, N]
-quantized along its contraction axis (axis 0).
+`qmatmul(x, q)` computes `x @ dequantize(q, x.dtype)` for a weight QArray q of logical
+shape [K, N] quantized along its contraction axis (axis=-2): a Pallas kernel on TPU / GPU
+when `supported(x, q)` says so, the XLA dequantize-then-dot otherwise (and on CPU).
+`w4a16_matmul`, `nvfp4_matmul` and `fp8_matmul` call the kernels directly. See README.md.
 """
 
-import jax
-import jax.numpy as jnp
+from lrl_jax.kernels.blocks import BlockConfig, Unsupported
+from lrl_jax.kernels.dispatch import Support, qmatmul, supported, xla_matmul
+from lrl_jax.kernels.matmul import fp8_matmul, nvfp4_matmul, pallas_matmul, w4a16_matmul
 
-from lrl_jax import quant
-
-__all__ = ["qmatmul"]
-
-
-def qmatmul(x: jax.Array, q: quant.QArray) -> jax.Array:
-  """[..., K] @ QArray[K, N] -> [..., N] in x.dtype (XLA dequantize-then-dot)."""
-  w = quant.dequantize(q, x.dtype)
-  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+__all__ = [
+    "qmatmul", "supported", "Support", "xla_matmul",
+    "w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul",
+    "BlockConfig", "Unsupported",
+]

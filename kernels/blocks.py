@@ -1,0 +1,222 @@
+"""Block configurations and the tile plan of a low-bit matmul.
+
+A `BlockConfig` is what a caller may tune; a `Plan` is what one call runs with,
+resolved from the config, the shapes, the format and the target backend. All
+shape rules live here, so `supported(...)` and the kernels agree on them.
+
+Shapes: x [M, K] (leading dims already flattened), weight [K, N], group size g
+along K. Two schedules share one kernel body (see README.md):
+
+  "k_grid"  grid (M/bm, N/bn, K/bk); K is the last, sequential ("arbitrary") grid
+            axis and the f32 output block is the accumulator. Mosaic TPU.
+  "k_loop"  grid (M/bm, N/bn, S); each program owns K/S of the contraction and
+            walks it in chunks of bk with an in-kernel `fori_loop`; the S partial
+            sums (split-K) are added outside. Triton (GPU), whose grid is parallel.
+
+A tile left at None is chosen per target and shape (the largest legal tile up to the
+target's default that divides the dimension); a tile you set is used as is, and a
+dimension it does not divide raises `Unsupported`. Weights are never padded: that
+would copy them on every call, the very traffic the kernels exist to avoid. M is padded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from lrl_jax import quant
+
+__all__ = ["BlockConfig", "Plan", "plan", "Unsupported", "DEFAULTS"]
+
+Target = Literal["tpu", "gpu"]
+
+# Per-target default tiles (upper bounds of the automatic choice).
+#   TPU: blocks big enough to amortize the ~0.35 us per grid step, small enough that the
+#        in-kernel int32 / f32 intermediates of a (bk/2, bn) = (512, 256) code block (512 KiB
+#        each) stay well inside the default scoped VMEM (16 MiB on v5e).
+#   GPU: Triton tiles; split-K fills the SMs when M/bm · N/bn programs are too few (decode).
+DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 256}}
+_GPU_MAX_PROGRAMS = 264  # 2 waves on an H100/H200 (132 SMs): the split-K heuristic's target
+_TPU_MAX_FULL_N = 1024  # full-dimension TPU blocks above these would crowd VMEM
+_TPU_MAX_FULL_K = 4096
+
+
+class Unsupported(ValueError):
+  """A shape / format / backend combination no Pallas kernel here can run (XLA can)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockConfig:
+  """Tile sizes; None lets `plan` choose per target and shape.
+
+  Attributes:
+    bm: largest row tile; the actual one is the smallest allowed tile >= M, up to bm
+      (M is padded up to a multiple of it inside the call).
+    bn: output-column tile. None: the largest legal divisor of N up to the target default.
+    bk: contraction chunk (logical K elements dequantized and fed to one dot).
+      None: the largest legal divisor of K up to the target default.
+    split_k: "k_loop" schedule only: K splits run as separate programs whose f32 partial
+      sums are added outside (fills the GPU at small M). None: a heuristic.
+    schedule: "auto" (k_grid on TPU, k_loop on GPU), "k_grid" or "k_loop".
+    num_warps, num_stages: Triton compiler parameters (GPU only).
+  """
+
+  bm: int = 64
+  bn: int | None = None
+  bk: int | None = None
+  split_k: int | None = None
+  schedule: Literal["auto", "k_grid", "k_loop"] = "auto"
+  num_warps: int = 4
+  num_stages: int = 3
+
+  def __post_init__(self):
+    for f in ("bm", "bn", "bk", "split_k", "num_warps", "num_stages"):
+      v = getattr(self, f)
+      if v is None and f in ("bn", "bk", "split_k"):
+        continue
+      if not isinstance(v, int) or v <= 0:
+        raise ValueError(f"BlockConfig.{f} must be a positive int{' or None' if f in ('bn', 'bk', 'split_k') else ''}; "
+                         f"got {v!r}")
+    if self.schedule not in ("auto", "k_grid", "k_loop"):
+      raise ValueError(f"BlockConfig.schedule must be 'auto', 'k_grid' or 'k_loop'; got {self.schedule!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Concrete tiles of one call.
+
+  Attributes:
+    schedule: "k_grid" or "k_loop".
+    bm, bn, bk: row, column and contraction tiles (bk in logical K elements).
+    m_pad: M rounded up to a multiple of bm.
+    split_k: K splits ("k_loop"); 1 for "k_grid".
+    packed: two 4-bit codes per byte along K (Int4, NVFP4).
+    kg: K elements per scale row (the group size; K for FP8 channel: one row for all of K).
+    ng: N columns per scale column (1, or the FP8 block edge).
+    channel: one scale row for all of K (FP8 channel): the scale block is (1, bn) at every K step.
+  """
+
+  schedule: str
+  bm: int
+  bn: int
+  bk: int
+  m_pad: int
+  split_k: int
+  packed: bool
+  kg: int
+  ng: int
+  channel: bool
+
+
+def _pow2(n: int) -> bool:
+  return n > 0 and n & (n - 1) == 0
+
+
+def _next_pow2(n: int) -> int:
+  return 1 << max(n - 1, 0).bit_length()
+
+
+def scale_groups(spec: quant.Spec, k: int) -> tuple[int, int]:
+  """(K elements per scale row, N columns per scale column) of a weight QArray [K, N], axis=-2."""
+  if isinstance(spec, quant.FP8):
+    if spec.granularity == "block":
+      return spec.block, spec.block
+    return k, 1  # one scale per output channel: scale [1, N]
+  return spec.block, 1
+
+
+def _choose(dim: int, want: int | None, default: int, legal, what: str, name: str) -> int:
+  """`want` if set (it must divide `dim` and be legal); else the largest legal divisor <= default."""
+  if want is not None:
+    if dim % want:
+      raise Unsupported(f"{name}: {what}={dim} is not a multiple of the tile {want}")
+    if not legal(want):
+      raise Unsupported(f"{name}: tile {want} for {what}={dim} breaks the target's tile rules")
+    return want
+  cands = [c for c in range(1, dim + 1) if dim % c == 0 and legal(c)]
+  if not cands:
+    raise Unsupported(f"{name}: no legal tile divides {what}={dim}")
+  below = [c for c in cands if c <= default]
+  return max(below) if below else min(cands)
+
+
+def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: Target) -> Plan:
+  """Resolves `block` for x [m, k] @ w [k, n] in `spec` on `target`.
+
+  Raises:
+    Unsupported (a ValueError) naming the dimension and the tile that do not fit.
+  """
+  name = spec.name
+  if isinstance(spec, quant.FP8) and spec.granularity == "token":
+    raise Unsupported(f"{name}: per-token scales belong to activations; a weight [K, N] needs "
+                      "FP8(granularity='channel' or 'block')")
+  packed = isinstance(spec, (quant.Int4, quant.NVFP4))
+  kg, ng = scale_groups(spec, k)
+  per_row = 2 if packed else 1
+  schedule = block.schedule
+  if schedule == "auto":
+    schedule = "k_grid" if target == "tpu" else "k_loop"
+  dflt = DEFAULTS[target]
+
+  # Rows: the smallest allowed tile covering M (decode pads 1 -> 16, not to bm).
+  # Triton's tl.dot needs every dimension >= 16 and powers of two; TPU bf16 packs 16 rows per vreg.
+  bm = min(max(16, _next_pow2(m)), max(16, _next_pow2(block.bm)))
+  m_pad = -(-m // bm) * bm
+
+  def group_ok(c: int) -> bool:  # a chunk holds whole scale groups
+    return kg >= k or c % kg == 0
+
+  if target == "tpu":
+    if ng > 1 and n != ng:
+      raise Unsupported(f"{name}: on TPU the block-scale tile (bk/{kg}, 1) breaks Mosaic's (8, 128) "
+                        "block tiling")
+    # Mosaic: the last two dims of every block are multiples of (8, 128) or the full dims.
+    # Blocks: x (bm, bk/per_row), codes (bk/per_row, bn), scale (bk/kg, bn).
+    def n_ok(c: int) -> bool:
+      return c % 128 == 0 or (c == n and n <= _TPU_MAX_FULL_N)
+
+    def k_ok(c: int) -> bool:
+      xk = c // per_row
+      srows = c // kg if kg < k else 1
+      return (group_ok(c) and c % per_row == 0 and (xk % 128 == 0 or c == k)
+              and (srows % 8 == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt["bk"]))
+  else:
+    # Triton: power-of-two tiles, dots >= 16 on every side.
+    def n_ok(c: int) -> bool:
+      return _pow2(c) and c >= 16 and (ng == 1 or c == ng)
+
+    def k_ok(c: int) -> bool:
+      rows = c // per_row
+      srows = c // kg if kg < k else 1
+      return group_ok(c) and c % per_row == 0 and _pow2(rows) and rows >= 16 and _pow2(srows)
+
+  bn = _choose(n, block.bn, ng if ng > 1 else dflt["bn"], n_ok, "N", name)
+
+  split_k = 1
+  if schedule == "k_loop":
+    if block.split_k is not None:
+      split_k = block.split_k
+      if k % split_k:
+        raise Unsupported(f"{name}: K={k} is not a multiple of split_k={split_k}")
+    else:
+      # Enough programs to fill the GPU at decode, each still walking >= 2 chunks.
+      programs = (m_pad // bm) * (n // bn)
+
+      def best_chunk(ks: int) -> int:
+        return max([c for c in range(16, min(ks, dflt["bk"]) + 1) if ks % c == 0 and k_ok(c)], default=0)
+
+      def split_ok(s: int) -> bool:  # splitting must not shrink the chunk (nor leave < 2 per split)
+        ks = k // s
+        return (k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt["bk"]
+                and best_chunk(ks) == best_chunk(k))
+
+      while split_k < 8 and programs * split_k * 2 <= _GPU_MAX_PROGRAMS and split_ok(split_k * 2):
+        split_k *= 2
+  ks = k // split_k
+  if block.bk is not None and ks % block.bk:
+    raise Unsupported(f"{name}: K={k} is not a multiple of split_k*bk={split_k}*{block.bk}")
+  bk = _choose(ks, block.bk, dflt["bk"], k_ok, "K" if split_k == 1 else f"K/split_k", name)
+  if split_k > 1 and kg < k and ks % kg:
+    raise Unsupported(f"{name}: K/split_k={ks} is not a multiple of the group size {kg}")
+  return Plan(schedule=schedule, bm=bm, bn=bn, bk=bk, m_pad=m_pad, split_k=split_k,
+              packed=packed, kg=kg, ng=ng, channel=kg >= k)

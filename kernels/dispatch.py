@@ -1,0 +1,151 @@
+"""`qmatmul`: one entry for x @ dequantize(q) that picks the Pallas kernel or XLA.
+
+Policy (`supported` says which path runs and why):
+  TPU   Pallas (Mosaic, k_grid schedule) when a tile plan fits, else XLA.
+  GPU   Pallas (Triton, k_loop schedule) when a tile plan fits, else XLA.
+  CPU   XLA dequantize-then-dot: the fast path there. `impl="pallas"` runs the kernel in
+        the Pallas interpreter (tests); it is orders of magnitude slower.
+Each distinct fallback reason is logged once (python `logging`, logger "lrl_jax.kernels").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lrl_jax import quant
+from lrl_jax.kernels import matmul as _mm
+from lrl_jax.kernels.blocks import BlockConfig, Unsupported, plan
+
+__all__ = ["Support", "supported", "qmatmul", "xla_matmul"]
+
+log = logging.getLogger("lrl_jax.kernels")
+_logged: set[str] = set()
+
+Impl = Literal["auto", "pallas", "xla"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Support:
+  """Which path `qmatmul` takes. `pallas`: True when a Pallas kernel runs.
+
+  Attributes:
+    pallas: a Pallas kernel runs (compiled, or interpreted on CPU).
+    path: "pallas-mosaic-tpu", "pallas-triton", "pallas-interpret" or "xla".
+    reason: why, in words (why not Pallas, when path is "xla").
+  """
+
+  pallas: bool
+  path: str
+  reason: str
+
+  def __bool__(self) -> bool:
+    return self.pallas
+
+
+def _backend() -> str:
+  """The platform qmatmul dispatches for (a seam for tests)."""
+  return jax.default_backend()
+
+
+def xla_matmul(x: jax.Array, q: quant.QArray) -> jax.Array:
+  """[..., K] @ QArray [K, N] -> [..., N] in x.dtype: dequantize to x.dtype, dot with f32 accumulation."""
+  w = quant.dequantize(q, x.dtype)
+  m = 1
+  for d in x.shape[:-1]:
+    m *= d
+  if m > 1 and _backend() == "cpu":
+    # XLA:CPU fuses the dequantize into the dot and recomputes it per row: 4-6x slower at M = 16
+    # (measured, README.md). Materialize ŵ once. Not on GPU, where fusing it into the GEMM is the point.
+    w = lax.optimization_barrier(w)
+  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _gpu_compute_capability() -> float | None:
+  cc = getattr(jax.devices()[0], "compute_capability", None)
+  try:
+    return float(cc)
+  except (TypeError, ValueError):
+    return None
+
+
+def _pallas_reason(x, q, backend: str) -> str | None:
+  """None when shapes and format suit a kernel; else why not."""
+  if backend in ("gpu", "cuda") and not isinstance(q.spec, quant.Int4):
+    cc = _gpu_compute_capability()
+    if cc is not None and cc < 8.9:
+      # The kernels convert e4m3 scales / codes in registers: Triton's fp8e4nv needs sm_89+.
+      return f"{q.spec.name} kernel needs FP8 conversions (sm_89+); this GPU is sm_{cc:g}"
+  if q.ndim != 2:
+    return f"QArray of shape {q.shape} is a stack; the kernels take one [K, N] matrix"
+  if q.axis != -2:
+    return f"weight quantized along axis {q.axis}; the kernels read groups along K (axis=-2)"
+  if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    return f"activation dtype {x.dtype} (kernels take float32/bfloat16/float16)"
+  if isinstance(q.spec, quant.FP8) and q.spec.granularity == "token":
+    return "FP8 per-token scales on a weight"
+  return None
+
+
+def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
+              block: BlockConfig = BlockConfig()) -> Support:
+  """Which path `qmatmul(x, q, impl=impl, block=block)` takes on the default backend, and why.
+
+  Raises:
+    TypeError if q is not a QArray; ValueError if x [..., K] does not contract with q [K, N].
+  """
+  if not isinstance(q, quant.QArray):
+    raise TypeError(f"qmatmul: expected a QArray weight, got {type(q).__name__}")
+  if impl not in ("auto", "pallas", "xla"):
+    raise ValueError(f"qmatmul: impl must be 'auto', 'pallas' or 'xla'; got {impl!r}")
+  k_axis = q.shape[-2] if q.ndim >= 2 else q.shape[0]
+  if x.ndim < 1 or x.shape[-1] != k_axis:
+    raise ValueError(f"qmatmul: activations {tuple(x.shape)} do not contract with weight {q.shape}")
+  if impl == "xla":
+    return Support(False, "xla", "impl='xla' requested")
+  backend = _backend()
+  if backend == "cpu" and impl == "auto":
+    return Support(False, "xla", "CPU: XLA dequantize-then-dot is the fast path "
+                   "(Pallas runs only in interpret mode there; ask impl='pallas')")
+  why = _pallas_reason(x, q, backend)
+  if why is None:
+    target = "tpu" if backend == "tpu" else "gpu"
+    m = 1
+    for d in x.shape[:-1]:
+      m *= d
+    try:
+      plan(m, q.shape[0], q.shape[1], q.spec, block, target)
+    except Unsupported as e:
+      why = str(e)
+  if why is not None:
+    return Support(False, "xla", why)
+  path = {"cpu": "pallas-interpret", "tpu": "pallas-mosaic-tpu"}.get(backend, "pallas-triton")
+  return Support(True, path, f"{q.spec.name} kernel on {backend}")
+
+
+def qmatmul(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
+            block: BlockConfig = BlockConfig()) -> jax.Array:
+  """[..., K] @ QArray [K, N] -> [..., N] in x.dtype: x @ dequantize(q), the fastest available way.
+
+  Args:
+    x: activations [..., K].
+    q: weight QArray [K, N] quantized along K (axis=-2). Other layouts (stacks, other axes)
+      take the XLA path, which also accepts them with `jnp.dot` semantics.
+    impl: "auto" (see the module docstring), "pallas" (the kernel, or a ValueError saying why
+      not; interpret mode on CPU) or "xla".
+    block: kernel tile sizes.
+  """
+  s = supported(x, q, impl=impl, block=block)
+  if s.pallas:
+    return _mm.pallas_matmul(x, q, block=block, target="tpu" if _backend() == "tpu" else "gpu")
+  if impl == "pallas":
+    raise ValueError(f"qmatmul(impl='pallas'): {s.reason}")
+  if impl == "auto" and s.reason not in _logged:
+    _logged.add(s.reason)
+    log.info("qmatmul: XLA path: %s", s.reason)
+  return xla_matmul(x, q)

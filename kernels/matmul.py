@@ -1,0 +1,368 @@
+"""Pallas low-bit matmuls that read QArray codes and scales as stored.
+
+`y = x @ ŵ` with ŵ = dequantize(q) computed tile by tile in VMEM / registers, never
+written to HBM. One kernel body serves every format; only the decoding of a tile of
+codes and of its scales differs:
+
+  Int4(G)  ŵ = (nibble − 8) · f32(s)               codes uint8 [K/2, N], s [K/G, N]
+  NVFP4    ŵ = e2m1(nibble) · f32(s_b) · dec       codes uint8 [K/2, N], s_b e4m3 [K/16, N], dec f32
+  FP8      ŵ = f32(code) · s                       codes e4m3 [K, N], s f32 [1, N] or [K/b, N/b]
+  MXFP8    ŵ = f32(code) · 2^(e − 127)             codes e4m3 [K, N], e uint8 view of e8m0 [K/32, N]
+
+The tile ŵ is rounded once to x.dtype (exactly what `dequantize(q, x.dtype)` gives,
+multiplication order included) and fed to a dot with f32 accumulation, so a kernel
+differs from the XLA path `x @ dequantize(q, x.dtype)` only in summation order.
+
+Packed formats hold elements 2i and 2i+1 of K in the low and high nibble of byte
+row i. Rather than interleave the two nibble planes in-kernel (a lane shuffle), the
+activations are split instead: x @ ŵ = x[:, 0::2] @ ŵ_lo + x[:, 1::2] @ ŵ_hi. The split
+is an [M, K] copy of the activations (bytes M·K·2 for bf16; the weights are K·N/2).
+
+A `pallas_call` has no autodiff: each entry point is a `jax.custom_vjp` whose backward
+pass is dx = g @ ŵᵀ (XLA; the weight gets a zero cotangent — it is a frozen base).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from lrl_jax import quant
+from lrl_jax.kernels.blocks import BlockConfig, Plan, Target, plan
+
+__all__ = ["w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul", "default_target"]
+
+
+# --------------------------------------------------------------------------- in-kernel decoding
+
+
+def _e2m1(nib: jax.Array) -> jax.Array:
+  """4-bit E2M1 pattern (sign, 2 exponent bits, 1 mantissa bit; OCP MX spec) -> f32, exactly.
+
+  Arithmetic rather than a float4 bitcast, which neither Triton nor Mosaic lowers:
+  |v| = m/2 when e = 0 (subnormal), (1 + m/2)·2^(e−1) otherwise -> {0, .5, 1, 1.5, 2, 3, 4, 6}.
+  """
+  e = (nib >> 1) & 3
+  m = (nib & 1).astype(jnp.float32)
+  p = jnp.where(e == 3, 4.0, jnp.where(e == 2, 2.0, 1.0))
+  mag = jnp.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * p)
+  return jnp.where((nib & 8) != 0, -mag, mag)
+
+
+def _e8m0(u: jax.Array) -> jax.Array:
+  """uint8 view of float8_e8m0fnu -> f32: 2^(u − 127); 255 is NaN (OCP MX spec)."""
+  u = u.astype(jnp.int32)
+  bits = jnp.where(u == 0, 0x00400000, u << 23)  # 2^-127 is an f32 subnormal: mantissa bit 22
+  v = lax.bitcast_convert_type(bits, jnp.float32)
+  return jnp.where(u == 255, jnp.nan, v)
+
+
+def _decode_codes(c: jax.Array, spec: quant.Spec, plane: int) -> jax.Array:
+  """A tile of stored codes -> f32 values (plane 0: low nibble, 1: high nibble)."""
+  if isinstance(spec, (quant.Int4, quant.NVFP4)):
+    ci = c.astype(jnp.int32)  # widen first: 8-bit vector shifts are not on every TPU generation
+    nib = (ci & 0xF) if plane == 0 else ((ci >> 4) & 0xF)
+    if isinstance(spec, quant.Int4):
+      return (nib - 8).astype(jnp.float32)  # stored as q + 8
+    return _e2m1(nib)
+  return c.astype(jnp.float32)  # float8_e4m3fn -> f32 is exact
+
+
+def _decode_scale(s: jax.Array, spec: quant.Spec) -> jax.Array:
+  if isinstance(spec, quant.MXFP8):
+    return _e8m0(s)
+  return s.astype(jnp.float32)
+
+
+def _expand_rows(s: jax.Array, rows: int) -> jax.Array:
+  """[sr, c] scales -> [rows, c], each scale row repeated rows/sr times (its group)."""
+  sr, c = s.shape
+  if sr == 1 or sr == rows:
+    return s
+  return jnp.broadcast_to(s[:, None, :], (sr, rows // sr, c)).reshape(rows, c)
+
+
+def _tile_product(x_tiles, c, s, gs, *, spec, x_dtype, precision):
+  """Σ_planes x_p @ round_{x.dtype}(ŵ_p) in f32 for one K chunk. x_p [bm, r], c [r, bn] -> [bm, bn]."""
+  sf = _expand_rows(_decode_scale(s, spec), c.shape[0])
+  acc = None
+  for p, xt in enumerate(x_tiles):
+    w = _decode_codes(c, spec, p) * sf
+    if gs is not None:
+      w = w * gs  # (e2m1 · s_b) · dec: the order of dequantize, for identical rounding
+    d = jnp.dot(xt, w.astype(x_dtype), preferred_element_type=jnp.float32, precision=precision)
+    acc = d if acc is None else acc + d
+  return acc
+
+
+def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, x_dtype, precision, chunks: int):
+  x_refs = refs[:n_x]
+  c_ref, s_ref = refs[n_x], refs[n_x + 1]
+  gs = refs[n_x + 2][...] if has_gs else None
+  o_ref = refs[-1]
+  tile = functools.partial(_tile_product, spec=spec, x_dtype=x_dtype, precision=precision)
+
+  if p.schedule == "k_grid":
+    # K is the last grid axis, visited in order: the output block stays resident and accumulates.
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+      o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
+
+    o_ref[...] += tile([r[...] for r in x_refs], c_ref[...], s_ref[...], gs)
+    return
+
+  rows = p.bk // 2 if p.packed else p.bk  # code (and x-plane) rows per chunk
+  srows = p.bk // p.kg  # scale rows per chunk (unused for FP8 channel: one row for all of K)
+
+  def body(t, acc):
+    r0 = pl.multiple_of(t * rows, rows)
+    xt = [r[:, pl.ds(r0, rows)] for r in x_refs]
+    c = c_ref[pl.ds(r0, rows), :]
+    s = s_ref[...] if p.channel else s_ref[pl.ds(pl.multiple_of(t * srows, srows), srows), :]
+    return acc + tile(xt, c, s, gs)
+
+  acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape, jnp.float32))
+  o_ref[...] = acc
+
+
+# --------------------------------------------------------------------------- pallas_call
+
+
+def default_target() -> Target:
+  """'tpu' on TPU, 'gpu' elsewhere (CPU interpret mode runs the GPU schedule)."""
+  return "tpu" if jax.default_backend() == "tpu" else "gpu"
+
+
+def _compiler_params(target: Target, p: Plan, block: BlockConfig, interpret: bool):
+  if interpret:
+    return None
+  if target == "tpu":
+    from jax.experimental.pallas import tpu as pltpu
+    sem = ("parallel", "parallel", "arbitrary" if p.schedule == "k_grid" else "parallel")
+    return pltpu.CompilerParams(dimension_semantics=sem)
+  from jax.experimental.pallas import triton as pltriton
+  return pltriton.CompilerParams(num_warps=block.num_warps, num_stages=block.num_stages)
+
+
+def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
+  if not isinstance(q, quant.QArray):
+    raise TypeError(f"{name}: expected a QArray weight, got {type(q).__name__}")
+  if not isinstance(q.spec, kinds):
+    raise ValueError(f"{name}: weight spec {q.spec} is not one of {[k.__name__ for k in kinds]}")
+  if q.ndim != 2:
+    raise ValueError(f"{name}: expected one weight matrix [K, N], got a QArray of shape {q.shape}; "
+                     "slice stacked layers first (lax.scan / indexing)")
+  if q.axis != -2:
+    raise ValueError(f"{name}: weight [K, N] must be quantized along K (axis=-2), got axis={q.axis}")
+  if x.ndim < 1 or x.shape[-1] != q.shape[0]:
+    raise ValueError(f"{name}: activations {tuple(x.shape)} do not contract with weight {q.shape} "
+                     f"(x [..., K] @ w [K, N])")
+  if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    raise ValueError(f"{name}: activations must be float32/bfloat16/float16, got {x.dtype}")
+
+
+def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target, interpret: bool):
+  """x [M, K] @ QArray [K, N] -> [M, N] in x.dtype through one pallas_call."""
+  m, k = x.shape
+  n = q.shape[1]
+  p = plan(m, k, n, q.spec, block, target)
+  xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.m_pad > m else x
+  xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
+  scale = q.scale
+  if isinstance(q.spec, quant.MXFP8):
+    scale = lax.bitcast_convert_type(scale, jnp.uint8)  # a view: e8m0 is decoded in-kernel
+  operands = [*xs, q.codes, scale]
+  has_gs = isinstance(q.spec, quant.NVFP4)
+  if has_gs:
+    operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))
+
+  per_row = 2 if p.packed else 1
+  channel = p.channel
+  scale_cols = p.bn // p.ng
+  if p.schedule == "k_grid":
+    grid = (p.m_pad // p.bm, n // p.bn, k // p.bk)
+    kx = p.bk // per_row
+    in_specs = [pl.BlockSpec((p.bm, kx), lambda i, j, t: (i, t)) for _ in xs]
+    in_specs.append(pl.BlockSpec((kx, p.bn), lambda i, j, t: (t, j)))
+    if channel:
+      in_specs.append(pl.BlockSpec((1, scale_cols), lambda i, j, t: (0, j)))
+    else:
+      in_specs.append(pl.BlockSpec((p.bk // p.kg, scale_cols), lambda i, j, t: (t, j)))
+    out_shape = jax.ShapeDtypeStruct((p.m_pad, n), jnp.float32)
+    out_spec = pl.BlockSpec((p.bm, p.bn), lambda i, j, t: (i, j))
+    chunks = 1
+  else:
+    ks = k // p.split_k  # logical K per split
+    grid = (p.m_pad // p.bm, n // p.bn, p.split_k)
+    kx = ks // per_row
+    in_specs = [pl.BlockSpec((p.bm, kx), lambda i, j, s: (i, s)) for _ in xs]
+    in_specs.append(pl.BlockSpec((kx, p.bn), lambda i, j, s: (s, j)))
+    if channel:
+      in_specs.append(pl.BlockSpec((1, scale_cols), lambda i, j, s: (0, j)))
+    else:
+      in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
+    out_shape = jax.ShapeDtypeStruct((p.split_k, p.m_pad, n), jnp.float32)
+    out_spec = pl.BlockSpec((pl.squeezed, p.bm, p.bn), lambda i, j, s: (s, i, j))
+    chunks = ks // p.bk
+  if has_gs:
+    in_specs.append(pl.BlockSpec((1, 1), lambda *_: (0, 0)))
+
+  precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
+  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, x_dtype=x.dtype,
+                             precision=precision, chunks=chunks)
+  out = pl.pallas_call(
+      kernel,
+      out_shape=out_shape,
+      grid=grid,
+      in_specs=in_specs,
+      out_specs=out_spec,
+      interpret=interpret,
+      compiler_params=_compiler_params(target, p, block, interpret),
+      name=f"{q.spec.name}_matmul",
+  )(*operands)
+  if p.schedule == "k_loop":
+    out = out.sum(axis=0)  # split-K partials (a no-op reduction when split_k == 1)
+  return out[:m].astype(x.dtype)
+
+
+def _zero_cotangent(q: quant.QArray) -> quant.QArray:
+  def zero(a):
+    if jnp.issubdtype(a.dtype, jnp.inexact):
+      return jnp.zeros_like(a)
+    return np.zeros(a.shape, dtype=jax.dtypes.float0)  # integer leaves take float0 cotangents
+  return jax.tree.map(zero, q)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _pallas_vjp(x, q, block, target, interpret):
+  return _pallas_2d(x, q, block, target, interpret)
+
+
+def _pallas_fwd(x, q, block, target, interpret):
+  return _pallas_2d(x, q, block, target, interpret), q
+
+
+def _pallas_bwd(block, target, interpret, q, g):
+  # dx = g @ ŵᵀ with ŵ rounded to the activation dtype, as autodiff of the XLA path gives.
+  w = quant.dequantize(q, g.dtype)
+  dx = jnp.dot(g, w.T, preferred_element_type=jnp.float32).astype(g.dtype)
+  return dx, _zero_cotangent(q)
+
+
+_pallas_vjp.defvjp(_pallas_fwd, _pallas_bwd)
+
+
+def pallas_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),
+                  target: Target | None = None, interpret: bool | None = None) -> jax.Array:
+  """[..., K] @ QArray [K, N] -> [..., N] in x.dtype through the Pallas kernel of q's format.
+
+  Args:
+    x: activations [..., K], float32 / bfloat16 / float16; leading dims are flattened to M.
+    q: weight QArray [K, N] quantized along K (axis=-2): Int4, NVFP4, FP8 channel/block or MXFP8.
+    block: tile sizes (see `BlockConfig`).
+    target: "tpu" (Mosaic, k_grid schedule) or "gpu" (Triton, k_loop schedule); the shape
+      rules and the lowering follow it. Default: the default backend ("gpu" rules on CPU).
+    interpret: run the kernel in the Pallas interpreter. Default: True on CPU, else False.
+
+  Raises:
+    ValueError when the shapes do not contract or no tile plan fits (`blocks.Unsupported`:
+    N or K not a multiple of the tiles; weights are never padded, which would copy them).
+  """
+  _check(x, q, (quant.Int4, quant.NVFP4, quant.FP8, quant.MXFP8), "pallas_matmul")
+  if target is None:
+    target = default_target()
+  if interpret is None:
+    interpret = jax.default_backend() == "cpu"
+  k, n = q.shape
+  lead = x.shape[:-1]
+  m = int(np.prod(lead)) if lead else 1
+  plan(m, k, n, q.spec, block, target)  # raise at trace time, outside the custom_vjp
+  y = _pallas_vjp(x.reshape(m, k), q, block, target, interpret)
+  return y.reshape(*lead, n)
+
+
+def w4a16_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),
+                 target: Target | None = None, interpret: bool | None = None) -> jax.Array:
+  """W4A16: x [..., K] (bf16/f32) @ Int4(G) weights [K, N] -> [..., N] in x.dtype.
+
+  Nibbles are unpacked with shift/mask, multiplied by their group scale and rounded to
+  x.dtype in-kernel; the dot accumulates in f32. See `pallas_matmul` for the arguments.
+  """
+  _check(x, q, (quant.Int4,), "w4a16_matmul")
+  return pallas_matmul(x, q, block=block, target=target, interpret=interpret)
+
+
+def nvfp4_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),
+                 target: Target | None = None, interpret: bool | None = None) -> jax.Array:
+  """x [..., K] @ NVFP4 weights [K, N] -> [..., N] in x.dtype.
+
+  E2M1 nibbles are decoded arithmetically, scaled by their E4M3 block scale and the f32
+  per-matrix scale, rounded to x.dtype and fed to a bf16/f32 dot (Hopper has no FP4 tensor
+  cores; this is the Marlin-FP4 scheme). See `pallas_matmul` for the arguments.
+  """
+  _check(x, q, (quant.NVFP4,), "nvfp4_matmul")
+  return pallas_matmul(x, q, block=block, target=target, interpret=interpret)
+
+
+# --------------------------------------------------------------------------- FP8
+
+
+def _fp8_act_dot(x2: jax.Array, q: quant.QArray) -> jax.Array:
+  """W8A8: per-token FP8 activations × per-channel FP8 weights, one native FP8 dot.
+
+  y = (x_q @ w_q) · s_x[M, 1] · s_w[1, N]: both scales factor out of the K sum, so XLA gets
+  an e4m3 × e4m3 dot with f32 accumulation (cuBLASLt FP8 GEMM on Hopper, through XLA's
+  GEMM rewriter), which is already the optimal kernel.
+  """
+  xq = quant.quantize(x2, quant.FP8(granularity="token"), axis=-1)
+  acc = jnp.dot(xq.codes, q.codes, preferred_element_type=jnp.float32)
+  return (acc * xq.scale * q.scale).astype(x2.dtype)
+
+
+@jax.custom_vjp
+def _fp8_act_vjp(x2, q):
+  return _fp8_act_dot(x2, q)
+
+
+def _fp8_act_fwd(x2, q):
+  return _fp8_act_dot(x2, q), q
+
+
+def _fp8_act_bwd(q, g):
+  # Straight-through through the activation quantizer: dx = g @ ŵᵀ.
+  w = quant.dequantize(q, g.dtype)
+  return jnp.dot(g, w.T, preferred_element_type=jnp.float32).astype(g.dtype), _zero_cotangent(q)
+
+
+_fp8_act_vjp.defvjp(_fp8_act_fwd, _fp8_act_bwd)
+
+
+def fp8_matmul(x: jax.Array, q: quant.QArray, *, act: str | None = None,
+               block: BlockConfig = BlockConfig(), target: Target | None = None,
+               interpret: bool | None = None) -> jax.Array:
+  """x [..., K] @ FP8 / MXFP8 weights [K, N] -> [..., N] in x.dtype.
+
+  Args:
+    act: None — weight-only (W8A16): the Pallas kernel dequantizes E4M3 tiles in-kernel.
+      "fp8_token" — also quantize x to E4M3 per token (dynamic, `FP8(granularity="token")`)
+      and run XLA's native FP8 dot (FP8 channel weights only); there a Pallas kernel would
+      only re-implement the cuBLASLt FP8 GEMM XLA already emits.
+    block, target, interpret: see `pallas_matmul` (unused with act="fp8_token").
+  """
+  _check(x, q, (quant.FP8, quant.MXFP8), "fp8_matmul")
+  if act is None:
+    return pallas_matmul(x, q, block=block, target=target, interpret=interpret)
+  if act != "fp8_token":
+    raise ValueError(f"fp8_matmul: act must be None or 'fp8_token'; got {act!r}")
+  if not (isinstance(q.spec, quant.FP8) and q.spec.granularity == "channel"):
+    raise ValueError(f"fp8_matmul: act='fp8_token' needs FP8(granularity='channel') weights (scales that "
+                     f"factor out of the K sum); got {q.spec}")
+  k, n = q.shape
+  lead = x.shape[:-1]
+  m = int(np.prod(lead)) if lead else 1
+  return _fp8_act_vjp(x.reshape(m, k), q).reshape(*lead, n)

@@ -1,0 +1,116 @@
+"""qmatmul / supported: which path runs and why; both paths compute x @ dequantize(q, x.dtype)."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from lrl_jax import kernels, quant
+from lrl_jax.kernels import dispatch
+
+
+def _q(k=256, n=256, spec=quant.Int4(group_size=64), axis=-2):
+  w = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+  return quant.quantize(jnp.asarray(w), spec, axis=axis)
+
+
+def _ref(x, q):
+  """float64 x @ ŵ, ŵ rounded to x.dtype (what both paths compute)."""
+  w = np.asarray(quant.dequantize(q, x.dtype).astype(jnp.float32), np.float64)
+  return np.asarray(x.astype(jnp.float32), np.float64) @ w
+
+
+@pytest.fixture
+def on_backend(monkeypatch):
+  """Makes qmatmul dispatch as if on `name` (the kernel itself still runs in interpret mode on CPU)."""
+  def set_backend(name):
+    monkeypatch.setattr(dispatch, "_backend", lambda: name)
+    monkeypatch.setattr(dispatch, "_logged", set())
+  return set_backend
+
+
+def test_cpu_default_is_xla_and_says_why():
+  q = _q()
+  x = jnp.ones((3, 256), jnp.bfloat16)
+  s = kernels.supported(x, q)
+  assert not s and s.path == "xla" and "CPU" in s.reason
+  s = kernels.supported(x, q, impl="pallas")
+  assert s and s.path == "pallas-interpret"
+  y = kernels.qmatmul(x, q)
+  np.testing.assert_allclose(np.asarray(y, np.float64), _ref(x, q), rtol=2 ** -8, atol=1e-2)
+
+
+@pytest.mark.parametrize("backend,path", [("gpu", "pallas-triton"), ("tpu", "pallas-mosaic-tpu")])
+def test_accelerator_picks_the_kernel(on_backend, backend, path):
+  on_backend(backend)
+  q = _q()
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((17, 256)), jnp.float32)
+  s = kernels.supported(x, q)
+  assert s.pallas and s.path == path
+  y = kernels.qmatmul(x, q)
+  np.testing.assert_allclose(np.asarray(y, np.float64), _ref(x, q), rtol=1e-5, atol=1e-4)
+
+
+def test_unsupported_shape_falls_back_and_logs_why_once(on_backend, caplog):
+  on_backend("gpu")
+  q = _q(n=200)  # N=200: no power-of-two column tile divides it
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 256)), jnp.float32)
+  s = kernels.supported(x, q)
+  assert not s and s.path == "xla"
+  assert "no legal tile divides N=200" in s.reason
+  with caplog.at_level(logging.INFO, logger="lrl_jax.kernels"):
+    y1 = kernels.qmatmul(x, q)
+    y2 = kernels.qmatmul(x, q)
+  msgs = [r.getMessage() for r in caplog.records if "N=200" in r.getMessage()]
+  assert len(msgs) == 1, msgs  # once per reason
+  np.testing.assert_allclose(np.asarray(y1, np.float64), _ref(x, q), rtol=1e-5, atol=1e-4)
+  np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
+  with pytest.raises(ValueError, match=r"impl='pallas'.*N=200"):
+    kernels.qmatmul(x, q, impl="pallas")
+
+
+def test_other_fallback_reasons(on_backend):
+  on_backend("tpu")
+  x = jnp.ones((2, 256), jnp.float32)
+  s = kernels.supported(x, _q(spec=quant.FP8(granularity="block")))
+  assert not s and "Mosaic" in s.reason
+  s = kernels.supported(jnp.ones((2, 256), jnp.float32), _q(axis=-1))
+  assert not s and "axis" in s.reason
+  w = jnp.asarray(np.random.default_rng(3).standard_normal((2, 256, 128)), jnp.float32)
+  qs = quant.quantize(w, quant.Int4(), axis=-2)
+  s = kernels.supported(x, qs)
+  assert not s and "stack" in s.reason
+  assert kernels.supported(x, _q(), impl="xla").reason == "impl='xla' requested"
+
+
+def test_fp8_formats_need_sm89(on_backend, monkeypatch):
+  on_backend("gpu")
+  monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 8.0)
+  x = jnp.ones((2, 256), jnp.bfloat16)
+  s = kernels.supported(x, _q(spec=quant.NVFP4()))
+  assert not s and "sm_89" in s.reason and "sm_8" in s.reason
+  assert kernels.supported(x, _q()).pallas  # INT4 needs no FP8 conversion
+
+
+def test_errors():
+  q = _q()
+  with pytest.raises(ValueError, match="do not contract"):
+    kernels.qmatmul(jnp.ones((2, 128)), q)
+  with pytest.raises(TypeError, match="QArray"):
+    kernels.qmatmul(jnp.ones((2, 256)), jnp.ones((256, 256)))
+  with pytest.raises(ValueError, match="impl must be"):
+    kernels.qmatmul(jnp.ones((2, 256)), q, impl="cuda")
+
+
+def test_qmatmul_under_jit_and_grad(on_backend):
+  on_backend("gpu")
+  q = _q(spec=quant.NVFP4())
+  x = jnp.asarray(np.random.default_rng(4).standard_normal((3, 256)), jnp.float32)
+  f = jax.jit(lambda x: jnp.sum(kernels.qmatmul(x, q) ** 2))
+  dx = jax.grad(f)(x)
+  y = _ref(x, q)
+  w = np.asarray(quant.dequantize(q), np.float64)
+  np.testing.assert_allclose(np.asarray(dx, np.float64), 2 * y @ w.T, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,39 @@
+"""The kernels lower for TPU (Pallas -> Mosaic) and GPU (Pallas -> Triton) from this CPU machine.
+
+`jax.export` lowers for a platform without its hardware: the Pallas lowering rules (block
+shapes, op support, dtypes) run and emit the Mosaic / Triton IR. What needs the device —
+Mosaic's layout passes, Triton's PTX compile, the numbers — is not covered here.
+"""
+
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import export
+
+from lrl_jax import quant
+from lrl_jax.kernels import BlockConfig, pallas_matmul
+
+SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.NVFP4(), quant.FP8(),
+         quant.FP8(granularity="block"), quant.MXFP8()]
+CUSTOM_CALL = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
+
+
+CASES = [(s, 2048, 512, 3) for s in SPECS] + [(quant.Int4(), 8192, 8192, 1), (quant.NVFP4(), 8192, 8192, 16)]
+
+
+@pytest.mark.parametrize("spec,k,n,m", CASES, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_lowers(spec, k, n, m, platform):
+  q = jax.eval_shape(lambda w: quant.quantize(w, spec, axis=-2), jax.ShapeDtypeStruct((k, n), jnp.float32))
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  target = "tpu" if platform == "tpu" else "gpu"
+  block = BlockConfig()
+  if platform == "tpu" and isinstance(spec, quant.FP8) and spec.granularity == "block":
+    with pytest.raises(ValueError, match="breaks Mosaic's"):  # no legal tile: XLA path on TPU
+      jax.eval_shape(lambda x, q: pallas_matmul(x, q, block=block, target=target, interpret=False), x, q)
+    return
+  f = jax.jit(lambda x, q: pallas_matmul(x, q, block=block, target=target, interpret=False))
+  checks = [export.DisabledSafetyCheck.custom_call(CUSTOM_CALL["cuda"])]  # Triton calls carry no compat promise
+  exp = export.export(f, platforms=[platform], disabled_checks=checks)(x, q)
+  assert f"@{CUSTOM_CALL[platform]}" in exp.mlir_module()
