@@ -1,0 +1,103 @@
+"""A `tokenizers.Tokenizer` with the special token ids a sampler needs (BOS, EOS, PAD)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # `tokenizers` is an optional dependency (the `hf` extra): imported when used
+  import tokenizers
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tokenizer:
+  """A text tokenizer and its special ids.
+
+  Attributes:
+    backend: the `tokenizers.Tokenizer` (its post-processor adds BOS if the model wants one).
+    bos_id: begin-of-sequence id, or None.
+    eos_ids: ids that end a generation (the first is the canonical EOS); may be empty.
+    pad_id: padding id, or None.
+    chat_template: the Jinja chat template shipped with the model, or None.
+  """
+
+  backend: Any  # tokenizers.Tokenizer
+  bos_id: int | None = None
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int | None = None
+  chat_template: str | None = None
+
+  @property
+  def eos_id(self) -> int | None:
+    return self.eos_ids[0] if self.eos_ids else None
+
+  @property
+  def vocab_size(self) -> int:
+    return self.backend.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+    return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+  def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool = True) -> list[list[int]]:
+    return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+
+  def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+    return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+  def token_to_id(self, token: str) -> int | None:
+    return self.backend.token_to_id(token)
+
+
+def _token_id(backend: "tokenizers.Tokenizer", tok) -> int | None:
+  if isinstance(tok, dict):
+    tok = tok.get("content")
+  return backend.token_to_id(tok) if isinstance(tok, str) else None
+
+
+def _ids(v) -> tuple[int, ...]:
+  if v is None:
+    return ()
+  return tuple(int(x) for x in (v if isinstance(v, list) else [v]))
+
+
+def load_tokenizer(path) -> Tokenizer:
+  """Reads `tokenizer.json` (and the special ids of tokenizer_config.json / generation_config.json /
+  config.json when present) from an HF checkpoint directory, or a tokenizer.json path.
+
+  Raises:
+    FileNotFoundError if there is no tokenizer.json; ValueError if it does not parse.
+  """
+  import tokenizers
+
+  path = Path(path)
+  file = path / "tokenizer.json" if path.is_dir() else path
+  if not file.is_file():
+    raise FileNotFoundError(f"tokenizer.json not found: {file}")
+  try:
+    backend = tokenizers.Tokenizer.from_file(str(file))
+  except Exception as err:  # tokenizers raises a bare Exception on malformed files
+    raise ValueError(f"{file}: cannot parse tokenizer ({err})") from None
+  d = file.parent
+
+  def js(name):
+    p = d / name
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+  tcfg, gcfg, mcfg = js("tokenizer_config.json"), js("generation_config.json"), js("config.json")
+  bos = _token_id(backend, tcfg.get("bos_token"))
+  if bos is None:
+    bos = next(iter(_ids(gcfg.get("bos_token_id")) or _ids(mcfg.get("bos_token_id"))), None)
+  eos = _ids(gcfg.get("eos_token_id")) or _ids(mcfg.get("eos_token_id"))
+  tok_eos = _token_id(backend, tcfg.get("eos_token"))
+  if tok_eos is not None and tok_eos not in eos:
+    eos = (tok_eos,) + eos
+  pad = _token_id(backend, tcfg.get("pad_token"))
+  if pad is None:
+    pad = next(iter(_ids(gcfg.get("pad_token_id")) or _ids(mcfg.get("pad_token_id"))), None)
+  template = tcfg.get("chat_template")
+  if template is None and (d / "chat_template.jinja").is_file():
+    template = (d / "chat_template.jinja").read_text()
+  return Tokenizer(backend=backend, bos_id=bos, eos_ids=eos, pad_id=pad,
+                   chat_template=template if isinstance(template, str) else None)

