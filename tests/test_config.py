@@ -1,0 +1,196 @@
+"""Config: every configs/*.yaml loads; overrides parse with their field's type; unknown keys, wrong types and
+bad choices raise ConfigError listing what is valid; dump -> load is the identity."""
+
+import dataclasses
+import typing
+from pathlib import Path
+
+import pytest
+
+from lrl_jax import config as C
+from lrl_jax.config import Config, ConfigError, apply_overrides, load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+REQUIRED = {"quickstart", "int4_qat_grpo", "int4_rollout_no_qat", "fp8_rollout_none", "fp8_rollout_tis",
+            "fp8_rollout_mis", "fp8_rollout_acrl", "nvfp4_lora", "ppo_qae", "ppo_baseline", "bf16_baseline",
+            "smollm2_int4_qat_grpo"}
+
+
+def test_required_configs_exist():
+  assert REQUIRED <= {p.stem for p in CONFIGS}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_loads_and_round_trips(path, tmp_path):
+  assert path.read_text().startswith("#"), "each config starts with a comment saying what it is"
+  cfg = load_config(path)
+  out = tmp_path / "resolved.yaml"
+  cfg.dump_yaml(out)
+  assert load_config(out) == cfg
+  assert Config.from_dict(cfg.to_dict()) == cfg
+
+
+def test_configs_say_what_they_claim():
+  cfg = {p.stem: load_config(p) for p in CONFIGS}
+  q = cfg["quickstart"]
+  assert (q.model.source, q.quant.learner, q.quant.sampler, q.task.name) == ("tiny", "int4", "int4", "arithmetic")
+  assert q.run.sft_steps > 0 and q.learner.policy_loss == "grpo"
+  assert cfg["int4_rollout_no_qat"].quant.learner == "none" and cfg["int4_rollout_no_qat"].quant.sampler == "int4"
+  assert cfg["bf16_baseline"].quant.sampler == "bf16"
+  assert cfg["nvfp4_lora"].lora.enabled and cfg["nvfp4_lora"].quant.sampler == "nvfp4"
+  assert cfg["ppo_qae"].value.quantized and not cfg["ppo_baseline"].value.quantized
+  s = cfg["smollm2_int4_qat_grpo"]
+  assert (s.model.source, s.task.template, s.task.name) == ("smollm2", "chat", "arithmetic")
+  # The FP8 arms differ only in the correction (and their output directory).
+  base = cfg["fp8_rollout_none"].to_dict()
+  for m in ("tis", "mis", "acrl"):
+    d = cfg[f"fp8_rollout_{m}"].to_dict()
+    assert d["correction"]["method"] == m
+    assert {k: v for k, v in d.items() if k not in ("correction", "run")} == \
+        {k: v for k, v in base.items() if k not in ("correction", "run")}
+    assert {**d["run"], "out_dir": None} == {**base["run"], "out_dir": None}
+  # The experiment arms share model, data, steps and seeds.
+  arms = [c for n, c in cfg.items() if n not in ("quickstart", "smollm2_int4_qat_grpo")]
+  assert len({(c.model, c.task, c.run.steps, c.run.seed, c.run.sft_steps, c.run.batch_prompts) for c in arms}) == 1
+
+
+def test_overrides_apply_with_types():
+  cfg = load_config(CONFIGS[0].parent / "quickstart.yaml",
+                    ["learner.lr=1e-4", "run.steps=7", "run.off_policy=true", "quant.sampler=int4",
+                     "value.boundaries=[10, 20]", "task.user_template=12{prompt}", "run.sft_batch=null",
+                     "learner.mesh=[2, 2, 2]", "correction.method=tis", "task.ops=['+', 'eq']"])
+  assert cfg.learner.lr == 1e-4 and type(cfg.learner.lr) is float  # YAML 1.1 reads '1e-4' as a string
+  assert cfg.run.steps == 7 and type(cfg.run.steps) is int
+  assert cfg.run.off_policy is True
+  assert cfg.value.boundaries == (10, 20) and cfg.learner.mesh == (2, 2, 2)
+  assert cfg.task.user_template == "12{prompt}" and cfg.run.sft_batch is None
+  assert cfg.correction.level == "token"  # TIS default level, resolved
+  assert cfg.task.ops == ("+", "eq")
+  assert apply_overrides(cfg, ["run.steps=9"]).run.steps == 9
+  assert load_config(None, ["run.out_dir=2024"]).run.out_dir == "2024"  # text fields keep the text
+  # Later overrides win; integer literals widen to float fields.
+  assert load_config(None, ["learner.lr=1", "learner.lr=2"]).learner.lr == 2.0
+
+
+@pytest.mark.parametrize("override, message", [
+    ("learner.lrr=1", "unknown key 'learner.lrr' (did you mean 'lr'?); valid keys in learner: lr, sft_lr, "
+                      "weight_decay, grad_clip"),
+    ("lerner.lr=1", "unknown section 'lerner' in override 'lerner.lr=1' (did you mean 'learner'?); valid sections: "
+                    "model, quant, sampler, learner, correction, value, lora, task, run"),
+    ("quant.sampler=int3", "quant.sampler='int3' must be one of bf16, int4, fp8, nvfp4, mxfp8"),
+    ("run.steps=abc", "run.steps='abc' must be an int"),
+    ("run.steps=2.5", "run.steps=2.5 must be an int"),
+    ("run.off_policy=2", "run.off_policy=2 must be a bool (true / false)"),
+    ("learner.lr=fast", "learner.lr='fast' must be a float"),
+    ("learner.sft_lr=fast", "learner.sft_lr='fast' must be a float or null"),
+    ("learner.mesh=[1, 2]", "learner.mesh=[1, 2] must be a list of 3 values (an int, an int, an int)"),
+    ("task.ops=['/']", "task.ops[0]='/' must be one of +, -, *, eq"),
+    ("learner.lr=-1", "learner.lr=-1.0 must be > 0"),
+    ("correction.method=mis", None),  # valid
+    ("run.steps", "override 'run.steps' must be section.key=value"),
+    ("steps=3", "override key 'steps' must be section.key"),
+    ("learner.section=x", "unknown key 'learner.section'"),
+])
+def test_override_errors_list_what_is_valid(override, message):
+  if message is None:
+    load_config(None, [override])
+    return
+  with pytest.raises(ConfigError) as e:
+    load_config(None, [override])
+  assert message in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["quant.learner=int4", "quant.sampler=fp8"], "quant.learner='int4' needs quant.sampler='int4'"),
+    (["quant.sampler=int4"], "model.hidden_size=64 is not a multiple of the int4 block 128"),
+    (["learner.policy_loss=ppo"], "ppo needs the critic (value.enabled=true)"),
+    (["sampler.group_size=1"], "sampler.group_size=1 must be >= 2 for learner.policy_loss=grpo"),
+    (["learner.minibatches=3"], "must divide into learner.minibatches × learner.micro_batches = 3"),
+    (["task.template=chat"], "model.source=tiny uses the arithmetic character tokenizer"),
+    (["task.name=gsm8k"], "task.path=None is required for task.name=gsm8k"),
+    (["correction.method=tis", "correction.level=geometric"], "correction.level='geometric' must be one of "
+                                                             "token, sequence for method tis"),
+    (["model.source=hf:"], 'model.source=\'hf:\' must be "tiny", "smollm2", "hf:<dir>" or "gguf:<file>"'),
+    (["model.num_kv_heads=3"], "model.num_kv_heads=3 must divide num_heads=4"),
+    (["lora.targets=(unclosed"], "lora.targets='(unclosed' is not a valid regex"),
+])
+def test_rules_across_fields(overrides, message):
+  with pytest.raises(ConfigError) as e:
+    load_config(None, overrides)
+  assert message in str(e.value), str(e.value)
+
+
+def test_yaml_errors_name_the_file(tmp_path):
+  p = tmp_path / "bad.yaml"
+  p.write_text("learner:\n  lrr: 1.0\n")
+  with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key 'learner\.lrr' \(did you mean 'lr'\?\); "
+                                        r"valid keys in learner: lr, "):
+    load_config(p)
+  p.write_text("learner: 3\n")
+  with pytest.raises(ConfigError, match="section 'learner' must be a mapping"):
+    load_config(p)
+  p.write_text("sampler:\n  temperature: hot\n")
+  with pytest.raises(ConfigError, match=r"bad\.yaml: sampler\.temperature='hot' must be a float"):
+    load_config(p)
+  p.write_text("- a\n- b\n")
+  with pytest.raises(ConfigError, match="expected a mapping of sections"):
+    load_config(p)
+  with pytest.raises(FileNotFoundError, match="nope.yaml"):
+    load_config(tmp_path / "nope.yaml")
+
+
+def test_sections_type_check_in_python_too():
+  with pytest.raises(ConfigError, match="learner.lr='x' must be a float"):
+    C.LearnerSection(lr="x")
+  with pytest.raises(ConfigError, match="Config.learner must be a LearnerSection"):
+    Config(learner={"lr": 1.0})
+  assert C.LearnerSection(policy_loss="gspo").clip_eps_low == 3e-4  # per-loss default, resolved
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    Config().run.steps = 3
+
+
+def test_schema_matches_the_library():
+  from lrl_jax.losses import AGG_MODES
+
+  assert typing.get_args(typing.get_type_hints(C.LearnerSection)["agg"]) == AGG_MODES
+  hint = typing.get_type_hints(C.QuantSection)["sampler"]
+  assert set(typing.get_args(hint)) - {"bf16"} == {"int4", "fp8", "nvfp4", "mxfp8"}
+
+
+def test_every_field_has_a_one_line_comment():
+  text = C.describe()
+  for name, cls in C._SECTIONS.items():
+    comments = C._field_comments(cls)
+    for f in dataclasses.fields(cls):
+      assert comments.get(f.name), f"{name}.{f.name} has no comment"
+      assert f"  {f.name}: " in text
+
+
+def test_sections_build_the_library_objects():
+  from lrl_jax import quant
+  from lrl_jax.models import ModelConfig
+  from lrl_jax.sampler import SamplingConfig
+
+  cfg = {p.stem: load_config(p) for p in CONFIGS}
+  q = cfg["quickstart"].quant
+  assert q.learner_spec == q.sampler_spec == quant.Int4(group_size=32)
+  assert cfg["int4_rollout_no_qat"].quant.learner_spec is None
+  assert cfg["bf16_baseline"].quant.sampler_spec is None
+  assert cfg["fp8_rollout_tis"].quant.sampler_spec == quant.FP8(granularity="channel")
+  assert cfg["fp8_rollout_tis"].quant.act_spec == quant.FP8(granularity="token")
+  assert cfg["nvfp4_lora"].quant.sampler_spec == quant.NVFP4()
+  assert load_config(None, ["quant.sampler=mxfp8", "quant.learner=mxfp8"]).quant.learner_spec == quant.MXFP8()
+  rules = q.rules(q.sampler_spec)
+  assert rules.spec_for("layers/attn/q_proj/kernel") == quant.Int4(group_size=32)
+  assert rules.spec_for("layers/mlp/down_proj/kernel") == quant.Int4(group_size=32)
+  for kept in ("embed/embedding", "lm_head/kernel", "layers/attn/q_proj/bias", "layers/input_norm/scale"):
+    assert rules.spec_for(kept) is None
+  m = cfg["quickstart"].model.tiny_model_config(vocab_size=20, dtype="float32")
+  assert m == ModelConfig(arch="qwen2", vocab_size=20, hidden_size=64, intermediate_size=128, num_layers=2,
+                          num_heads=4, num_kv_heads=2, tie_word_embeddings=True, dtype="float32",
+                          param_dtype="float32")
+  with pytest.raises(ConfigError, match="only the tiny model"):
+    cfg["smollm2_int4_qat_grpo"].model.tiny_model_config(vocab_size=20)
+  s = cfg["quickstart"].sampler
+  assert s.sampling(eos_id=2, pad_id=0) == SamplingConfig(max_new_tokens=4, temperature=1.0, eos_id=2, pad_id=0)
+  assert s.sampling(eos_id=2, pad_id=0, evaluation=True).temperature == 0.0
