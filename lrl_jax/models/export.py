@@ -164,7 +164,7 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
   Returns:
     The directory.
   """
-  from lrl_jax.models.hf import _special_ids, write_tokenizer
+  from lrl_jax.models.hf import write_checkpoint
 
   if type(spec) not in _FORMATS:
     raise ValueError(f"export_compressed_tensors supports Int4 and NVFP4 specs, got {spec}")
@@ -208,16 +208,7 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
   hf_cfg = cfg.to_hf()
   hf_cfg["dtype"] = hf_cfg["torch_dtype"] = np_dtype.name
   hf_cfg["quantization_config"] = quantization_config(spec, ignore)
-  if tokenizer is not None:
-    hf_cfg.update(_special_ids(tokenizer))
-
-  def write(tmp: Path):
-    ckpt.write_sharded(tmp, tensors, max_shard_bytes=max_shard_bytes)
-    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
-    if tokenizer is not None:
-      write_tokenizer(tmp, tokenizer)
-
-  return ckpt.atomic_dir(path, write)
+  return write_checkpoint(path, tensors, hf_cfg, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
 
 
 def _spec_from_config(qc: dict, where: Path):

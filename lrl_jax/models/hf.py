@@ -105,8 +105,14 @@ def save_hf(path: str | os.PathLike, cfg: ModelConfig, params, *, dtype=None, to
   stored = {str(np.dtype(a.dtype)) for a in tensors.values()}
   if len(stored) == 1:
     hf_cfg["dtype"] = hf_cfg["torch_dtype"] = stored.pop()
+  return write_checkpoint(path, tensors, hf_cfg, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
+
+
+def write_checkpoint(path, tensors: dict, hf_cfg: dict, *, tokenizer: Tokenizer | None = None,
+                     max_shard_bytes: int | None = None):
+  """Writes tensors (sharded safetensors), config.json and the tokenizer files into `path`, atomically."""
   if tokenizer is not None:
-    hf_cfg.update(_special_ids(tokenizer))
+    hf_cfg = {**hf_cfg, **_special_ids(tokenizer)}
 
   def write(tmp: Path):
     ckpt.write_sharded(tmp, tensors, max_shard_bytes=max_shard_bytes)
