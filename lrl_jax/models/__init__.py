@@ -1,1 +1,41 @@
-"""lrl_jax.models (in progress)."""
+"""lrl_jax.models — the decoder (Llama / Qwen2 / Qwen3), LoRA adapters, logical axes, HF / GGUF I/O.
+
+`forward(params, tokens_BT, cfg, ...)` is one functional forward pass over a plain parameter
+tree (see `decoder.py` for the table of paths and shapes); kernels may be float arrays (learner,
+optionally fake-quantized by `qat_rules`) or `quant.QArray`s (sampler).
+"""
+
+from lrl_jax.models.config import ARCHS, ModelConfig
+from lrl_jax.models.decoder import (
+    ACTIVATION_AXES,
+    KVCache,
+    check_params,
+    forward,
+    forward_hidden,
+    init_cache,
+    init_params,
+    logits_from_hidden,
+    param_logical_axes,
+    param_shapes,
+)
+from lrl_jax.models.lora import Lora, LoraConfig, init_lora, lora_logical_axes
+from lrl_jax.models.hf import (
+    Tokenizer,
+    config_from_hf_file,
+    export_compressed_tensors,
+    load_compressed_tensors,
+    load_gguf,
+    load_hf,
+    load_tokenizer,
+    save_hf,
+    smollm2,
+)
+
+__all__ = [
+    "ARCHS", "ModelConfig",
+    "ACTIVATION_AXES", "KVCache", "check_params", "forward", "forward_hidden", "init_cache", "init_params",
+    "logits_from_hidden", "param_logical_axes", "param_shapes",
+    "Lora", "LoraConfig", "init_lora", "lora_logical_axes",
+    "Tokenizer", "config_from_hf_file", "export_compressed_tensors", "load_compressed_tensors", "load_gguf",
+    "load_hf", "load_tokenizer", "save_hf", "smollm2",
+]

@@ -1,1 +1,18 @@
-"""lrl_jax.sampler (in progress)."""
+"""lrl_jax.sampler — KV-cache generation on real low-bit weights, returning its own log-probs (mu).
+
+`serve_params(params, rules_or_spec)` builds the served tree (the RL weight sync);
+`generate(served, prompts_BP, prompt_valid_BP, cfg, sampling, key)` returns a `Rollout`;
+`shard_params(served, mesh)` places it on the sampler's own mesh.
+"""
+
+from lrl_jax.sampler.generate import Rollout, generate, predictor_index, row_keys
+from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens, sampling_logprobs
+from lrl_jax.sampler.serve import as_rules, serve_params
+from lrl_jax.sampler.sharding import SAMPLER_RULES, param_shardings, partition_spec, shard_batch, shard_params
+
+__all__ = [
+    "Rollout", "generate", "predictor_index", "row_keys",
+    "SamplingConfig", "sample_tokens", "sampling_logprobs",
+    "as_rules", "serve_params",
+    "SAMPLER_RULES", "param_shardings", "partition_spec", "shard_batch", "shard_params",
+]

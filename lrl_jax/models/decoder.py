@@ -1,0 +1,557 @@
+"""The decoder: one functional forward pass for Llama, Qwen2 and Qwen3 checkpoints.
+
+Architecture (transformers' `LlamaForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`):
+pre-norm blocks h += Attn(RMSNorm(h)); h += MLP(RMSNorm(h)); RMSNorm (Zhang & Sennrich 2019)
+y = x / sqrt(mean(x²) + ε) · g; rotary position embeddings (Su et al. 2021, "RoFormer") in the
+"rotate_half" layout (the two halves of a head are the real and imaginary parts);
+grouped-query attention (Ainslie et al. 2023); SwiGLU MLP down(silu(gate(x)) · up(x))
+(Shazeer 2020); Qwen2's q/k/v biases; Qwen3's RMSNorm on each query/key head before RoPE.
+
+Parameter tree (nested dicts; layers stacked along a leading L axis and run with `lax.scan`;
+kernels follow Flax `Dense`: [K, N], used as `x @ kernel`):
+
+| path                           | shape            | when                     |
+|--------------------------------|------------------|--------------------------|
+| embed/embedding                | [V, D]           | always                   |
+| layers/input_norm/scale        | [L, D]           | always                   |
+| layers/attn/q_proj/kernel      | [L, D, H·Dh]     | always                   |
+| layers/attn/q_proj/bias        | [L, H·Dh]        | cfg.attention_bias       |
+| layers/attn/k_proj/kernel      | [L, D, Hkv·Dh]   | always                   |
+| layers/attn/k_proj/bias        | [L, Hkv·Dh]      | cfg.attention_bias       |
+| layers/attn/v_proj/kernel      | [L, D, Hkv·Dh]   | always                   |
+| layers/attn/v_proj/bias        | [L, Hkv·Dh]      | cfg.attention_bias       |
+| layers/attn/o_proj/kernel      | [L, H·Dh, D]     | always                   |
+| layers/attn/q_norm/scale       | [L, Dh]          | cfg.qk_norm              |
+| layers/attn/k_norm/scale       | [L, Dh]          | cfg.qk_norm              |
+| layers/post_attn_norm/scale    | [L, D]           | always                   |
+| layers/mlp/gate_proj/kernel    | [L, D, F]        | always                   |
+| layers/mlp/up_proj/kernel      | [L, D, F]        | always                   |
+| layers/mlp/down_proj/kernel    | [L, F, D]        | always                   |
+| final_norm/scale               | [D]              | always                   |
+| lm_head/kernel                 | [D, V]           | not cfg.tie_word_embeddings (tied: logits = h @ embedding.T) |
+
+`QuantRules.default(spec)` (axis=-2, the contraction axis) selects exactly the `*_proj/kernel`
+leaves. A kernel may be a float array (learner; with `qat_rules` its matmul is fake-quantized
+through `quant.dot_general_for`) or a `quant.QArray` (sampler; matmul through
+`lrl_jax.kernels.qmatmul`). The architecture code is the same for both.
+
+Numerics: activations and matmul inputs in `cfg.dtype`, matmuls accumulate in float32; RMSNorm
+statistics, RoPE angles, attention scores/softmax and the logits are float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lrl_jax import kernels, quant
+from lrl_jax.models.config import ModelConfig
+
+__all__ = [
+    "KVCache", "init_cache", "init_params", "forward", "forward_hidden", "logits_from_hidden",
+    "param_shapes", "check_params", "param_logical_axes", "ACTIVATION_AXES",
+]
+
+_NEG = float(jnp.finfo(jnp.float32).min)  # masked score: finite, so a fully masked row gives no NaN
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """'/'-joined path -> shape of every parameter `cfg` implies (the table in the module docstring)."""
+  L, D, F, V, Dh = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+  s = {
+      "embed/embedding": (V, D),
+      "layers/input_norm/scale": (L, D),
+      "layers/attn/q_proj/kernel": (L, D, cfg.q_dim),
+      "layers/attn/k_proj/kernel": (L, D, cfg.kv_dim),
+      "layers/attn/v_proj/kernel": (L, D, cfg.kv_dim),
+      "layers/attn/o_proj/kernel": (L, cfg.q_dim, D),
+      "layers/post_attn_norm/scale": (L, D),
+      "layers/mlp/gate_proj/kernel": (L, D, F),
+      "layers/mlp/up_proj/kernel": (L, D, F),
+      "layers/mlp/down_proj/kernel": (L, F, D),
+      "final_norm/scale": (D,),
+  }
+  if cfg.attention_bias:
+    s["layers/attn/q_proj/bias"] = (L, cfg.q_dim)
+    s["layers/attn/k_proj/bias"] = (L, cfg.kv_dim)
+    s["layers/attn/v_proj/bias"] = (L, cfg.kv_dim)
+  if cfg.qk_norm:
+    s["layers/attn/q_norm/scale"] = (L, Dh)
+    s["layers/attn/k_norm/scale"] = (L, Dh)
+  if not cfg.tie_word_embeddings:
+    s["lm_head/kernel"] = (D, V)
+  return s
+
+
+# Logical axis names of every parameter (the learner and the sampler map them to mesh axes).
+_PARAM_AXES = {
+    "embed/embedding": ("vocab", "embed"),
+    "layers/input_norm/scale": ("layers", "embed"),
+    "layers/attn/q_proj/kernel": ("layers", "embed", "heads"),
+    "layers/attn/q_proj/bias": ("layers", "heads"),
+    "layers/attn/k_proj/kernel": ("layers", "embed", "kv_heads"),
+    "layers/attn/k_proj/bias": ("layers", "kv_heads"),
+    "layers/attn/v_proj/kernel": ("layers", "embed", "kv_heads"),
+    "layers/attn/v_proj/bias": ("layers", "kv_heads"),
+    "layers/attn/o_proj/kernel": ("layers", "heads", "embed"),
+    "layers/attn/q_norm/scale": ("layers", "head_dim"),
+    "layers/attn/k_norm/scale": ("layers", "head_dim"),
+    "layers/post_attn_norm/scale": ("layers", "embed"),
+    "layers/mlp/gate_proj/kernel": ("layers", "embed", "mlp"),
+    "layers/mlp/up_proj/kernel": ("layers", "embed", "mlp"),
+    "layers/mlp/down_proj/kernel": ("layers", "mlp", "embed"),
+    "final_norm/scale": ("embed",),
+    "lm_head/kernel": ("embed", "vocab"),
+}
+
+# Logical axis names of the activations `forward` constrains (active only inside
+# `flax.linen.logical_axis_rules(...)`; a no-op otherwise).
+ACTIVATION_AXES = {
+    "hidden_BTD": ("batch", "length", "embed"),
+    "q_BTHD": ("batch", "length", "heads", "head_dim"),
+    "kv_BTHD": ("batch", "length", "kv_heads", "head_dim"),
+    "mlp_BTF": ("batch", "length", "mlp"),
+    "logits_BTV": ("batch", "length", "vocab"),
+    "cache_LBSHD": ("layers", "batch", "cache_length", "kv_heads", "head_dim"),
+}
+
+
+def param_logical_axes(params_or_cfg) -> Any:
+  """Logical axis names for each parameter: a tree like the params with tuples of names as leaves.
+
+  Args:
+    params_or_cfg: a `ModelConfig` (gives the tree of `init_params(cfg)`), a param tree, or a
+      served tree (a QArray leaf gets a QArray of names: codes and scale take the kernel's names,
+      the NVFP4 `global_scale` [L] or [] the leading ones).
+
+  Raises:
+    ValueError naming a path that is not in the parameter table.
+  """
+  if isinstance(params_or_cfg, ModelConfig):
+    return _unflatten({p: _PARAM_AXES[p] for p in param_shapes(params_or_cfg)})
+
+  def visit(kp, leaf):
+    p = quant.path_str(kp)
+    names = _axes_for_path(p)
+    if isinstance(leaf, quant.QArray):
+      gs = None if leaf.global_scale is None else names[:leaf.global_scale.ndim]
+      return dataclasses.replace(leaf, codes=names, scale=names, global_scale=gs)
+    return names
+
+  return jax.tree_util.tree_map_with_path(visit, params_or_cfg, is_leaf=lambda x: isinstance(x, quant.QArray))
+
+
+def _axes_for_path(p: str) -> tuple[str, ...]:
+  if p in _PARAM_AXES:
+    return _PARAM_AXES[p]
+  raise ValueError(f"no logical axes for parameter path {p!r}; known: {sorted(_PARAM_AXES)}")
+
+
+def _unflatten(flat: dict[str, Any]) -> dict:
+  tree: dict = {}
+  for p, v in flat.items():
+    *parents, leaf = p.split("/")
+    node = tree
+    for k in parents:
+      node = node.setdefault(k, {})
+    node[leaf] = v
+  return tree
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "std"))
+def init_params(cfg: ModelConfig, key: jax.Array, *, std: float = 0.02) -> dict:
+  """Random parameters: kernels and embedding ~ N(0, std²) (transformers' `initializer_range`),
+  norm scales 1, biases 0; dtype `cfg.param_dtype`."""
+  shapes = param_shapes(cfg)
+  dt = jnp.dtype(cfg.param_dtype)
+  keys = dict(zip(sorted(shapes), jax.random.split(key, len(shapes))))
+  flat = {}
+  for p, shape in shapes.items():
+    if p.endswith("/scale"):
+      flat[p] = jnp.ones(shape, dt)
+    elif p.endswith("/bias"):
+      flat[p] = jnp.zeros(shape, dt)
+    else:
+      flat[p] = (std * jax.random.normal(keys[p], shape, jnp.float32)).astype(dt)
+  return _unflatten(flat)
+
+
+def check_params(params, cfg: ModelConfig) -> None:
+  """Raises ValueError naming the path (and both shapes) of any missing, extra or misshapen parameter.
+
+  QArray leaves are checked by their logical shape.
+  """
+  want = param_shapes(cfg)
+  got = {quant.path_str(kp): tuple(leaf.shape)
+         for kp, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, quant.QArray))}
+  missing = sorted(set(want) - set(got))
+  extra = sorted(set(got) - set(want))
+  if missing or extra:
+    raise ValueError(f"parameter tree does not match {cfg.arch} config: missing {missing}, unexpected {extra}")
+  for p, shape in want.items():
+    if got[p] != shape:
+      raise ValueError(f"parameter {p}: expected shape {shape}, got {got[p]}")
+
+
+# --------------------------------------------------------------------------- KV cache
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["k", "v", "valid_BS", "k_scale", "v_scale"],
+    meta_fields=[],
+)
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Preallocated keys/values of every layer. Slot s of every row holds the token written at s.
+
+  Attributes:
+    k, v: [L, B, S, Hkv, Dh], bfloat16 / float32, or float8_e4m3fn (then with scales).
+    valid_BS: [B, S] bool, slots holding a real token (padding and unwritten slots are False).
+    k_scale, v_scale: FP8 cache only: float32 [L, B, S, Hkv], one scale per (token, head):
+      s = amax / 448 over Dh; k̂ = f32(k) · s. None otherwise.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  valid_BS: jax.Array
+  k_scale: jax.Array | None = None
+  v_scale: jax.Array | None = None
+
+  @property
+  def max_len(self) -> int:
+    return self.valid_BS.shape[1]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -> KVCache:
+  """An empty cache of `max_len` slots per row; dtype bfloat16 / float16 / float32, or
+  float8_e4m3fn (per-(token, head) float32 scales)."""
+  dtype = jnp.dtype(dtype)
+  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32),
+                   jnp.dtype(jnp.float8_e4m3fn)):
+    raise ValueError(f"init_cache: dtype must be bfloat16, float16, float32 or float8_e4m3fn; got {dtype}")
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  fp8 = dtype == jnp.dtype(jnp.float8_e4m3fn)
+  scale = jnp.ones(shape[:-1], jnp.float32) if fp8 else None
+  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                 valid_BS=jnp.zeros((batch, max_len), bool), k_scale=scale, v_scale=scale)
+
+
+def _fp8_encode(x):
+  """[.., Dh] -> e4m3 codes, f32 scale per vector (s = amax/448; clipped: a plain cast overflows to NaN)."""
+  x = x.astype(jnp.float32)
+  s = jnp.maximum(jnp.max(jnp.abs(x), axis=-1) / 448.0, jnp.finfo(jnp.float32).tiny)
+  c = jnp.clip(x / s[..., None], -448.0, 448.0).astype(jnp.float8_e4m3fn)
+  return c, s
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def _constrain(x, name: str):
+  import flax.linen as nn  # local: only the partitioning helper is used
+  return nn.with_logical_constraint(x, ACTIVATION_AXES[name])
+
+
+def _rms_norm(x, scale, eps, dtype):
+  """x / sqrt(mean(x²) + ε) · g, statistics in f32; the scale multiplies in `dtype` (as transformers)."""
+  xf = x.astype(jnp.float32)
+  y = xf * lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+  return y.astype(dtype) * _lead(scale.astype(dtype), y.ndim)
+
+
+def _lead(v, ndim):
+  """v [.., N] with leading singleton axes up to rank `ndim` (explicit broadcasting)."""
+  return v.reshape((1,) * (ndim - v.ndim) + v.shape)
+
+
+def _rope(x_BTHD, positions_BT, theta):
+  """Rotary embedding, rotate_half layout: x·cos + rotate_half(x)·sin, angles p·θ^(-2i/Dh) in f32."""
+  dh = x_BTHD.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # [Dh/2]
+  ang = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]  # [B, T, Dh/2]
+  ang = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]  # [B, T, 1, Dh]
+  xf = x_BTHD.astype(jnp.float32)
+  x1, x2 = xf[..., : dh // 2], xf[..., dh // 2:]
+  rot = jnp.concatenate([-x2, x1], axis=-1)
+  return (xf * jnp.cos(ang) + rot * jnp.sin(ang)).astype(x_BTHD.dtype)
+
+
+def _matmul(x, w, spec, act_spec=None):
+  """x [.., K] @ w [K, N] -> [.., N] in x.dtype, f32 accumulation.
+
+  w: a QArray (sampler: `kernels.qmatmul`) or a float array (learner). A float w with a spec is
+  fake-quantized along K with a straight-through gradient: INT4 / FP8 through the AQT-backed
+  `quant.dot_general_for(spec)`; NVFP4 / MXFP8 (for which `dot_general_for` would call `fake_quant`
+  and leave the result fusible into the dot) through `fake_quant` behind an optimization barrier:
+  XLA fusing the dequantization into the dot changes its accumulation order, and the QAT forward
+  would no longer equal the forward on `fake_quant_params` bit for bit.
+  act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8), or None.
+  """
+  if isinstance(w, quant.QArray):
+    if act_spec is not None:
+      x = quant.fake_quant(x, act_spec, axis=-1)
+    return kernels.qmatmul(x, w).astype(x.dtype)
+  w = w.astype(x.dtype)  # quantize the array the matmul sees (the sampler quantizes the same cast)
+  if spec is not None and not isinstance(spec, (quant.Int4, quant.FP8)):
+    w, spec = lax.optimization_barrier(quant.fake_quant(w, spec, axis=-2)), None
+    if act_spec is not None:
+      x, act_spec = quant.fake_quant(x, act_spec, axis=-1), None
+  dn = (((x.ndim - 1,), (0,)), ((), ()))
+  y = quant.dot_general_for(spec, act_spec=act_spec)(x, w, dn, preferred_element_type=jnp.float32)
+  return y.astype(x.dtype)
+
+
+def _dense(x, p: dict, name: str, specs: dict, lora_p: dict | None, lora_scale: float):
+  """One linear layer: x @ kernel (+ bias) (+ (α/r)·(x @ A) @ B).
+
+  specs: layer name -> weight spec of the QAT rules, and "act" -> the activation spec, which applies
+  to the matmuls with a quantized weight (a QArray, or a float kernel the rules select).
+  """
+  w, spec = p["kernel"], specs.get(name)
+  act = specs.get("act") if (spec is not None or isinstance(w, quant.QArray)) else None
+  y = _matmul(x, w, spec, act)
+  if "bias" in p:
+    y = y + _lead(p["bias"].astype(y.dtype), y.ndim)
+  if lora_p is not None:
+    a, b = lora_p["a"].astype(x.dtype), lora_p["b"].astype(x.dtype)
+    xa = jnp.dot(x, a, preferred_element_type=jnp.float32).astype(x.dtype)
+    y = y + (lora_scale * jnp.dot(xa, b, preferred_element_type=jnp.float32)).astype(y.dtype)
+  return y
+
+
+def _attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, dtype):
+  """Grouped-query softmax attention; scores and softmax in f32. mask_BTS: True = attend."""
+  B, T, H, Dh = q_BTHD.shape
+  Hkv = k_BSKD.shape[2]
+  q = q_BTHD.reshape(B, T, Hkv, H // Hkv, Dh)
+  s = jnp.einsum("btkgd,bskd->bkgts", q, k_BSKD.astype(dtype), preferred_element_type=jnp.float32)
+  s = s * (1.0 / math.sqrt(Dh))
+  s = jnp.where(mask_BTS[:, None, None, :, :], s, _NEG)
+  p = jax.nn.softmax(s, axis=-1).astype(dtype)
+  o = jnp.einsum("bkgts,bskd->btkgd", p, v_BSKD.astype(dtype), preferred_element_type=jnp.float32)
+  return o.astype(dtype).reshape(B, T, H * Dh)
+
+
+# --------------------------------------------------------------------------- forward
+
+_LAYER_KERNELS = ("attn/q_proj", "attn/k_proj", "attn/v_proj", "attn/o_proj",
+                  "mlp/gate_proj", "mlp/up_proj", "mlp/down_proj")
+
+
+def _qat_specs(qat_rules, params, act_spec=None) -> dict:
+  """'attn/q_proj' -> spec for the float layer kernels the rules select (decided on stacked paths);
+  'act' -> the activation spec."""
+  if act_spec is not None and not (isinstance(act_spec, quant.FP8) and act_spec.granularity == "token"):
+    raise ValueError(f"act_spec must be FP8(granularity='token') or None; got {act_spec!r}")
+  if qat_rules is None:
+    return {} if act_spec is None else {"act": act_spec}
+  if qat_rules.axis != -2:
+    raise ValueError(f"qat_rules.axis must be -2 (the kernel's contraction axis); got {qat_rules.axis}")
+  out = {}
+  for name in _LAYER_KERNELS:
+    path = f"layers/{name}/kernel"
+    spec = qat_rules.spec_for(path)
+    if spec is not None:
+      out[name] = spec
+  for path in ("embed/embedding", "lm_head/kernel"):
+    if qat_rules.spec_for(path) is not None and _get(params, path) is not None:
+      raise ValueError(f"qat_rules select {path!r}: fake-quantized embeddings / lm_head are not supported")
+  if act_spec is not None:
+    out["act"] = act_spec
+  return out
+
+
+def _get(tree, path):
+  node = tree
+  for k in path.split("/"):
+    if not isinstance(node, dict) or k not in node:
+      return None
+    node = node[k]
+  return node
+
+
+def _layer(cfg: ModelConfig, specs, lora_scale, x, lp, lora_lp, positions_BT, kv_fn):
+  """One decoder block. kv_fn(k_new, v_new) -> (keys, values, mask_BTS) abstracts cache vs no cache."""
+  dt = cfg.compute_dtype
+  B, T, _ = x.shape
+  H, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  ap = lp["attn"]
+  lo = (lambda n: None) if lora_lp is None else (lambda n: _get(lora_lp, n))
+
+  h = _rms_norm(x, lp["input_norm"]["scale"], cfg.rms_norm_eps, dt)
+  q = _dense(h, ap["q_proj"], "attn/q_proj", specs, lo("attn/q_proj"), lora_scale).reshape(B, T, H, Dh)
+  k = _dense(h, ap["k_proj"], "attn/k_proj", specs, lo("attn/k_proj"), lora_scale).reshape(B, T, Hkv, Dh)
+  v = _dense(h, ap["v_proj"], "attn/v_proj", specs, lo("attn/v_proj"), lora_scale).reshape(B, T, Hkv, Dh)
+  if cfg.qk_norm:
+    q = _rms_norm(q, ap["q_norm"]["scale"], cfg.rms_norm_eps, dt)
+    k = _rms_norm(k, ap["k_norm"]["scale"], cfg.rms_norm_eps, dt)
+  q = _constrain(_rope(q, positions_BT, cfg.rope_theta), "q_BTHD")
+  k = _constrain(_rope(k, positions_BT, cfg.rope_theta), "kv_BTHD")
+  keys, values, mask_BTS = kv_fn(k, v)
+  o = _attention(q, keys, values, mask_BTS, dt)
+  x = x + _dense(o, ap["o_proj"], "attn/o_proj", specs, lo("attn/o_proj"), lora_scale)
+  x = _constrain(x, "hidden_BTD")
+
+  mp = lp["mlp"]
+  h = _rms_norm(x, lp["post_attn_norm"]["scale"], cfg.rms_norm_eps, dt)
+  g = _dense(h, mp["gate_proj"], "mlp/gate_proj", specs, lo("mlp/gate_proj"), lora_scale)
+  u = _dense(h, mp["up_proj"], "mlp/up_proj", specs, lo("mlp/up_proj"), lora_scale)
+  a = _constrain((jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(dt), "mlp_BTF")
+  x = x + _dense(a, mp["down_proj"], "mlp/down_proj", specs, lo("mlp/down_proj"), lora_scale)
+  return _constrain(x, "hidden_BTD")
+
+
+def _default_positions(valid_BT, cache: KVCache | None):
+  """RoPE position of each token: the number of valid tokens before it in its row (cache included)."""
+  before = jnp.cumsum(valid_BT.astype(jnp.int32), axis=1) - valid_BT.astype(jnp.int32)
+  if cache is not None:
+    before = before + jnp.sum(cache.valid_BS, axis=1, dtype=jnp.int32)[:, None]
+  return before
+
+
+def forward_hidden(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache=None,
+                   cache_index=None, qat_rules=None, act_spec=None, lora=None, remat: bool = False):
+  """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
+
+  Same arguments as `forward`.
+  """
+  tokens_BT = jnp.asarray(tokens_BT)
+  if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
+    raise ValueError(f"tokens_BT must be an integer array [B, T]; got {tokens_BT.dtype} {tokens_BT.shape}")
+  B, T = tokens_BT.shape
+  dt = cfg.compute_dtype
+  if valid_BT is None:
+    valid_BT = jnp.ones((B, T), bool)
+  valid_BT = jnp.asarray(valid_BT).astype(bool)
+  if valid_BT.shape != (B, T):
+    raise ValueError(f"valid_BT shape {valid_BT.shape} != tokens_BT shape {(B, T)}")
+  if cache is not None:
+    if cache_index is None:
+      raise ValueError("forward with a cache needs cache_index (the slot of the first new token)")
+    if cache.valid_BS.shape[0] != B:
+      raise ValueError(f"cache batch {cache.valid_BS.shape[0]} != tokens batch {B}")
+    if T > cache.max_len:
+      raise ValueError(f"{T} tokens do not fit a cache of {cache.max_len} slots")
+    if isinstance(cache_index, int) and not 0 <= cache_index <= cache.max_len - T:
+      raise ValueError(f"cache_index {cache_index} + {T} tokens overruns a cache of {cache.max_len} slots")
+  if positions_BT is None:
+    positions_BT = _default_positions(valid_BT, cache)
+  positions_BT = jnp.asarray(positions_BT)
+  if positions_BT.shape != (B, T):
+    raise ValueError(f"positions_BT shape {positions_BT.shape} != tokens_BT shape {(B, T)}")
+
+  specs = _qat_specs(qat_rules, params, act_spec)
+  lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
+
+  x = jnp.take(params["embed"]["embedding"], tokens_BT, axis=0, mode="clip").astype(dt)
+  x = _constrain(x, "hidden_BTD")
+  layers = params["layers"]
+
+  if cache is None:
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    mask_BTS = causal[None] & valid_BT[:, None, :]
+
+    def body(x, xs):
+      lp, llp = xs
+      return _layer(cfg, specs, lora_scale, x, lp, llp, positions_BT, lambda k, v: (k, v, mask_BTS)), None
+
+    if remat:
+      body = jax.checkpoint(body)
+    x, _ = lax.scan(body, x, (layers, lora_params))
+    new_cache = None
+  else:
+    idx = jnp.asarray(cache_index, jnp.int32)
+    valid_BS = lax.dynamic_update_slice(cache.valid_BS, valid_BT, (jnp.int32(0), idx))
+    slot_T = idx + jnp.arange(T, dtype=jnp.int32)
+    mask_BTS = (jnp.arange(cache.max_len, dtype=jnp.int32)[None, :] <= slot_T[:, None])[None] & valid_BS[:, None, :]
+    fp8 = cache.k_scale is not None
+    zero = jnp.int32(0)
+
+    def body(carry, xs):
+      x, kc, vc, ks, vs = carry
+      lp, llp, i = xs
+
+      def kv_fn(k, v):
+        nonlocal kc, vc, ks, vs
+        if fp8:
+          kq, k_s = _fp8_encode(k)
+          vq, v_s = _fp8_encode(v)
+          kc = lax.dynamic_update_slice(kc, kq[None], (i, zero, idx, zero, zero))
+          vc = lax.dynamic_update_slice(vc, vq[None], (i, zero, idx, zero, zero))
+          ks = lax.dynamic_update_slice(ks, k_s[None], (i, zero, idx, zero))
+          vs = lax.dynamic_update_slice(vs, v_s[None], (i, zero, idx, zero))
+          keys = (kc[i].astype(jnp.float32) * ks[i][..., None]).astype(dt)
+          values = (vc[i].astype(jnp.float32) * vs[i][..., None]).astype(dt)
+        else:
+          kc = lax.dynamic_update_slice(kc, k.astype(kc.dtype)[None], (i, zero, idx, zero, zero))
+          vc = lax.dynamic_update_slice(vc, v.astype(vc.dtype)[None], (i, zero, idx, zero, zero))
+          keys, values = kc[i], vc[i]
+        return keys, values, mask_BTS
+
+      x = _layer(cfg, specs, lora_scale, x, lp, llp, positions_BT, kv_fn)
+      return (x, kc, vc, ks, vs), None
+
+    L = cfg.num_layers
+    carry = (x, cache.k, cache.v, cache.k_scale, cache.v_scale)
+    (x, kc, vc, ks, vs), _ = lax.scan(body, carry, (layers, lora_params, jnp.arange(L, dtype=jnp.int32)))
+    new_cache = KVCache(k=_constrain(kc, "cache_LBSHD"), v=_constrain(vc, "cache_LBSHD"), valid_BS=valid_BS,
+                        k_scale=ks, v_scale=vs)
+
+  h = _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt)
+  return h, new_cache
+
+
+def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
+  """h @ lm_head (or h @ embedding.T when tied) -> float32 logits [.., V] (f32 accumulation)."""
+  dt = cfg.compute_dtype
+  h = h_BTD.astype(dt)
+  if cfg.tie_word_embeddings:
+    w = params["embed"]["embedding"]
+    return jnp.einsum("...d,vd->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
+  w = params["lm_head"]["kernel"]
+  if isinstance(w, quant.QArray):
+    return kernels.qmatmul(h, w).astype(jnp.float32)
+  return jnp.einsum("...d,dv->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
+
+
+def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache: KVCache | None = None,
+            cache_index=None, qat_rules: quant.QuantRules | None = None, act_spec: quant.FP8 | None = None,
+            lora=None, remat: bool = False):
+  """Decoder forward pass.
+
+  Args:
+    params: the parameter tree (module docstring); kernels float arrays or QArrays.
+    tokens_BT: int [B, T] token ids.
+    cfg: the model config (static under jit).
+    positions_BT: int [B, T] RoPE positions. Default: the number of valid tokens before each
+      token in its row (cache included), so left- and right-padded prompts get 0, 1, 2, ...
+    valid_BT: bool [B, T]; False marks padding, which no token attends to. Default all True.
+    cache: a `KVCache`. The T new tokens are written at slots [cache_index, cache_index + T)
+      (marked valid where valid_BT), and the token at slot j attends to the valid slots ≤ j.
+      Without a cache, token t attends to the valid tokens ≤ t of this call.
+    cache_index: int scalar, the slot of the first new token (required with a cache).
+    qat_rules: `quant.QuantRules`; float layer kernels whose stacked path (e.g.
+      'layers/attn/q_proj/kernel') it selects are fake-quantized in the matmul
+      (`quant.dot_general_for`, straight-through gradient). QArray kernels ignore it.
+    act_spec: `quant.FP8(granularity="token")` for W8A8: the input of every matmul with a
+      quantized weight (QArray, or selected by qat_rules) is fake-quantized per token. None: W*A16.
+    lora: a `models.lora.Lora` (adapters added to the selected layer kernels), or None.
+    remat: rematerialize each layer in the backward pass (`jax.checkpoint`).
+
+  Returns:
+    (logits_BTV float32 [B, T, V], the updated cache or None).
+  """
+  h, cache = forward_hidden(params, tokens_BT, cfg, positions_BT=positions_BT, valid_BT=valid_BT, cache=cache,
+                            cache_index=cache_index, qat_rules=qat_rules, act_spec=act_spec, lora=lora,
+                            remat=remat)
+  return _constrain(logits_from_hidden(params, h, cfg), "logits_BTV"), cache

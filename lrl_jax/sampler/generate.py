@@ -1,0 +1,171 @@
+"""KV-cache generation: a jit'd prefill, then a `lax.while_loop` of one-token decode steps.
+
+Layout: the cache has S = P + N slots per row, slot s <-> `Rollout.tokens_BT[:, s]`. The prompt
+(left- or right-padded, padding marked by `prompt_valid_BP`) fills slots [0, P); generated token t
+goes to slot P + t. RoPE positions count valid tokens only, so a row's numbers do not depend on
+how its prompt was padded. The loop stops when every row has emitted EOS (or after N tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lrl_jax.models.config import ModelConfig
+from lrl_jax.models.decoder import forward_hidden, init_cache, logits_from_hidden
+from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens
+
+__all__ = ["Rollout", "generate", "row_keys", "predictor_index"]
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["tokens_BT", "valid_BT", "mask_BT", "logprobs_BT", "lengths_B"],
+    meta_fields=[],
+)
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+  """What the sampler returns; T = P + N (prompt slots, then generated slots).
+
+  With right-padded prompts a row's padding sits between its prompt and its completion: token s is
+  predicted by the logits at the last valid slot before s, `predictor_index(valid_BT)[:, s]`
+  (s - 1 for left-padded or unpadded prompts).
+
+  Attributes:
+    tokens_BT: int32 [B, T]: the prompt as given, then the generated tokens (pad_id after EOS).
+    valid_BT: bool [B, T]: real tokens (prompt_valid | mask): what a learner forward takes as valid_BT.
+    mask_BT: bool [B, T]: generated tokens up to and including EOS.
+    logprobs_BT: float32 [B, T]: mu, log-prob of each generated token under the sampler's own
+      numerics (see `sampling.py` for temperature / top-k / top-p); 0 where mask is False.
+    lengths_B: int32 [B]: generated tokens per row (sum of mask).
+  """
+
+  tokens_BT: jax.Array
+  valid_BT: jax.Array
+  mask_BT: jax.Array
+  logprobs_BT: jax.Array
+  lengths_B: jax.Array
+
+
+def predictor_index(valid_BT: jax.Array) -> jax.Array:
+  """int32 [B, T]: the last valid slot before each slot (-1 if none): where its token is predicted from.
+
+  For a learner: `logp_BT = take_along_axis(log_softmax(logits_BTV), ...)` at
+  `predictor_index(rollout.valid_BT)` gives pi of each token on the same footing as `logprobs_BT`.
+  """
+  valid_BT = jnp.asarray(valid_BT).astype(bool)
+  T = valid_BT.shape[1]
+  idx = jnp.where(valid_BT, jnp.arange(T, dtype=jnp.int32)[None, :], -1)
+  last_upto = lax.cummax(idx, axis=1)  # last valid slot <= s
+  return jnp.concatenate([jnp.full_like(last_upto[:, :1], -1), last_upto[:, :-1]], axis=1)
+
+
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+  """One PRNG key per row: `fold_in(key, b)` for a single key, or the given [B] keys (one seed per request)."""
+  if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.wrap_key_data(key) if key.ndim >= 1 and key.shape[-1] == 2 and key.dtype == jnp.uint32 \
+        else key
+  if key.ndim == 0:
+    return jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch, dtype=jnp.uint32))
+  if key.shape != (batch,):
+    raise ValueError(f"key must be a single PRNG key or one per row [{batch}]; got shape {key.shape}")
+  return key
+
+
+def _is_eos(tok, sampling: SamplingConfig):
+  if sampling.eos_id is None:
+    return jnp.zeros(tok.shape, bool)
+  return jnp.isin(tok, jnp.asarray(sampling.eos_id, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "cache_dtype", "act_spec"))
+def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_dtype, act_spec):
+  B, P = prompts_BP.shape
+  N = sampling.max_new_tokens
+  cache = init_cache(cfg, B, P + N, cache_dtype)
+
+  # Prefill: the whole prompt in one pass; logits only at each row's last valid token.
+  h_BPD, cache = forward_hidden(params, prompts_BP, cfg, valid_BT=prompt_valid_BP, cache=cache, cache_index=0,
+                                act_spec=act_spec)
+  last_B = P - 1 - jnp.argmax(prompt_valid_BP[:, ::-1], axis=1)
+  h_BD = jnp.take_along_axis(h_BPD, last_B[:, None, None], axis=1)[:, 0]
+  logits_BV = logits_from_hidden(params, h_BD, cfg)
+  pos_B = jnp.sum(prompt_valid_BP, axis=1, dtype=jnp.int32)  # RoPE position of generated token 0
+
+  step_keys = lambda t: jax.vmap(lambda k: jax.random.fold_in(k, t))(keys_B)
+  tok_B, lp_B = sample_tokens(logits_BV, step_keys(0), sampling)
+  toks_BN = jnp.full((B, N), sampling.pad_id, jnp.int32).at[:, 0].set(tok_B)
+  lps_BN = jnp.zeros((B, N), jnp.float32).at[:, 0].set(lp_B)
+  mask_BN = jnp.zeros((B, N), bool).at[:, 0].set(True)
+  done_B = _is_eos(tok_B, sampling)
+
+  def cond(c):
+    t, _, _, _, _, _, done_B = c
+    return (t < N) & ~jnp.all(done_B)
+
+  def body(c):
+    t, cache, prev_B, toks_BN, lps_BN, mask_BN, done_B = c
+    h, cache = forward_hidden(params, prev_B[:, None], cfg, positions_BT=(pos_B + t - 1)[:, None],
+                              cache=cache, cache_index=P + t - 1, act_spec=act_spec)
+    logits_BV = logits_from_hidden(params, h[:, 0], cfg)
+    tok_B, lp_B = sample_tokens(logits_BV, step_keys(t), sampling)
+    active_B = ~done_B
+    tok_B = jnp.where(active_B, tok_B, sampling.pad_id)
+    toks_BN = lax.dynamic_update_slice(toks_BN, tok_B[:, None], (0, t))
+    lps_BN = lax.dynamic_update_slice(lps_BN, jnp.where(active_B, lp_B, 0.0)[:, None], (0, t))
+    mask_BN = lax.dynamic_update_slice(mask_BN, active_B[:, None], (0, t))
+    done_B = done_B | (active_B & _is_eos(tok_B, sampling))
+    return t + 1, cache, tok_B, toks_BN, lps_BN, mask_BN, done_B
+
+  c = (jnp.int32(1), cache, tok_B, toks_BN, lps_BN, mask_BN, done_B)
+  _, _, _, toks_BN, lps_BN, mask_BN, _ = lax.while_loop(cond, body, c)
+
+  prompt_valid_BP = prompt_valid_BP.astype(bool)
+  tokens_BT = jnp.concatenate([prompts_BP.astype(jnp.int32), toks_BN], axis=1)
+  mask_BT = jnp.concatenate([jnp.zeros((B, P), bool), mask_BN], axis=1)
+  return Rollout(
+      tokens_BT=tokens_BT,
+      valid_BT=jnp.concatenate([prompt_valid_BP, mask_BN], axis=1),
+      mask_BT=mask_BT,
+      logprobs_BT=jnp.concatenate([jnp.zeros((B, P), jnp.float32), lps_BN], axis=1),
+      lengths_B=jnp.sum(mask_BN, axis=1, dtype=jnp.int32),
+  )
+
+
+def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: SamplingConfig, key,
+             *, cache_dtype=jnp.bfloat16, act_spec=None) -> Rollout:
+  """Samples up to `sampling.max_new_tokens` tokens after each prompt.
+
+  Args:
+    params: a served tree (`serve_params`: QArray kernels) or a float parameter tree.
+    prompts_BP: int [B, P] prompt tokens, left- or right-padded (or both).
+    prompt_valid_BP: bool [B, P], True on real prompt tokens; every row needs at least one.
+    cfg: model config; `cfg.dtype` is the compute dtype of the served model.
+    sampling: temperature / top-k / top-p / EOS / pad.
+    key: one PRNG key (row b draws with `fold_in(key, b)`) or [B] keys, one seed per request;
+      step t of a row draws with `fold_in(row_key, t)`, so a row's tokens do not depend on the batch.
+    cache_dtype: KV-cache dtype: bfloat16 (default), float32, or float8_e4m3fn
+      (per-(token, head) scales).
+    act_spec: `quant.FP8(granularity="token")` serves W8A8 (FP8 weights from `serve_params` plus
+      per-token FP8 activations, dynamic scales), or None (weight-only).
+
+  Returns:
+    A `Rollout` with T = P + max_new_tokens.
+
+  Raises:
+    ValueError: shapes disagree, or a row has no valid prompt token (checked when the mask is concrete).
+  """
+  prompts_BP = jnp.asarray(prompts_BP)
+  prompt_valid_BP = jnp.asarray(prompt_valid_BP).astype(bool)
+  if prompts_BP.ndim != 2 or prompt_valid_BP.shape != prompts_BP.shape:
+    raise ValueError(f"prompts_BP {prompts_BP.shape} and prompt_valid_BP {prompt_valid_BP.shape} must be the "
+                     f"same [B, P] shape")
+  if not isinstance(prompt_valid_BP, jax.core.Tracer) and not bool(jnp.all(jnp.any(prompt_valid_BP, axis=1))):
+    rows = [int(i) for i in jnp.nonzero(~jnp.any(prompt_valid_BP, axis=1))[0]]
+    raise ValueError(f"prompt rows {rows} have no valid token")
+  keys_B = row_keys(key, prompts_BP.shape[0])
+  return _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec)

@@ -1,0 +1,53 @@
+"""Building the served tree from learner parameters: what the RL weight sync calls every step.
+
+Served formats: bf16 (no rules), INT4 W4A16 (`Int4`), FP8 E4M3 weights (`FP8`), NVFP4, MXFP8 —
+whatever spec the `QuantRules` give. The kernels are quantized with `quant.quantize_params`, the
+same rules and numerics the learner's QAT forward fake-quantizes with, after the cast to the
+compute dtype (the contract: quantize the array the matmul sees).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from lrl_jax import quant
+
+__all__ = ["serve_params", "as_rules"]
+
+
+def as_rules(rules_or_spec) -> quant.QuantRules | None:
+  """A `QuantRules`, a spec (-> `QuantRules.default(spec)`), or None (no quantization)."""
+  if rules_or_spec is None or isinstance(rules_or_spec, quant.QuantRules):
+    return rules_or_spec
+  if isinstance(rules_or_spec, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
+    return quant.QuantRules.default(rules_or_spec)
+  raise ValueError(f"serve_params expects QuantRules, a quantization spec or None; got {rules_or_spec!r}")
+
+
+@functools.partial(jax.jit, static_argnames=("rules", "dtype"))
+def _serve(params, rules, dtype):
+  cast = jax.tree_util.tree_map(
+      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+  return cast if rules is None else quant.quantize_params(cast, rules)
+
+
+def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16):
+  """Learner params -> served tree (jit'd): float leaves cast to `dtype`, selected kernels -> QArrays.
+
+  Args:
+    params: float parameter tree (`models.init_params` layout).
+    rules_or_spec: `quant.QuantRules`, a spec (default rules: every attention / MLP projection
+      kernel), or None for a plain `dtype` model (the bf16 served format).
+    dtype: the sampler's compute dtype (`cfg.dtype`); kernels are quantized from this cast, as the
+      learner's QAT forward with the same `cfg.dtype` fake-quantizes them.
+
+  Returns:
+    The served tree; pass it to `generate` / `models.forward` with `cfg.dtype == dtype`.
+  """
+  if any(isinstance(x, quant.QArray) for x in jax.tree_util.tree_leaves(
+      params, is_leaf=lambda x: isinstance(x, quant.QArray))):
+    raise ValueError("serve_params expects float learner params; the tree already holds QArrays")
+  return _serve(params, as_rules(rules_or_spec), jnp.dtype(dtype))

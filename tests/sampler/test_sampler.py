@@ -1,0 +1,230 @@
+"""The sampler: padding invariance, EOS stop, mu against a NumPy reference of the truncated
+distribution and against a teacher-forced forward, served low-bit weights, sharded == unsharded."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lrl_jax import models, quant, sampler
+from lrl_jax.models import ModelConfig
+from lrl_jax.sampler import SamplingConfig
+
+CFG = ModelConfig(arch="llama", vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                  num_kv_heads=2, rope_theta=1000.0, tie_word_embeddings=True)
+GREEDY = SamplingConfig(max_new_tokens=8, temperature=0.0, pad_id=0)
+PROMPTS = [[5, 17, 23, 42, 8], [61, 9, 30], [77, 3, 14, 55]]  # lengths 5, 3, 4
+F32 = jnp.float32  # f32 KV cache in the exactness tests (the default bf16 cache rounds keys/values)
+fwd = jax.jit(models.forward, static_argnames=("cfg",))
+
+
+@pytest.fixture(scope="module")
+def params():
+  # std 0.3: logits far apart, so greedy choices are not decided by rounding.
+  return models.init_params(CFG, jax.random.key(0), std=0.3)
+
+
+def pad(prompts, side, P=None):
+  P = P or max(map(len, prompts))
+  toks = np.zeros((len(prompts), P), np.int32)
+  valid = np.zeros((len(prompts), P), bool)
+  for i, p in enumerate(prompts):
+    sl = slice(P - len(p), P) if side == "left" else slice(0, len(p))
+    toks[i, sl], valid[i, sl] = p, True
+  return toks, valid
+
+
+def completions(r, n=GREEDY.max_new_tokens):
+  """(tokens, mu, mask) of the last n (generated) slots."""
+  P = r.tokens_BT.shape[1] - n
+  return np.asarray(r.tokens_BT)[:, P:], np.asarray(r.logprobs_BT)[:, P:], np.asarray(r.mask_BT)[:, P:]
+
+
+def teacher_forced_logits(params, r, cfg=CFG):
+  """Logits [B, T-1, V] predicting tokens 1.. from a full (cache-free) forward on the rollout (token s
+  is predicted at the last valid slot before s: with right padding that is not s - 1)."""
+  logits, _ = fwd(params, r.tokens_BT, cfg, valid_BT=r.valid_BT)
+  valid = np.asarray(r.valid_BT)
+  prev = np.asarray(sampler.predictor_index(valid))
+  for b in range(valid.shape[0]):  # the NumPy definition of predictor_index
+    last = -1
+    for s in range(valid.shape[1]):
+      assert prev[b, s] == last
+      last = s if valid[b, s] else last
+  prev = np.maximum(prev, 0)[:, 1:]
+  return np.take_along_axis(np.asarray(logits, np.float64), prev[:, :, None], axis=1)
+
+
+def np_log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def np_truncated_logprobs(logits, *, temperature, top_k, top_p):
+  """Float64 reference: z = logits/T; keep the top_k largest; then the smallest prefix (sorted by z
+  descending) whose mass before the token is < top_p; renormalise over the kept tokens."""
+  z = np.asarray(logits, np.float64) / temperature
+  out = np.full_like(z, -np.inf)
+  for b in range(z.shape[0]):
+    order = np.argsort(-z[b], kind="stable")
+    keep = order[:top_k] if top_k else order
+    p = np.exp(z[b, keep] - z[b, keep].max())
+    p /= p.sum()
+    before = np.cumsum(p) - p
+    keep = keep[before < top_p]
+    out[b, keep] = np_log_softmax(z[b, keep])
+  return out
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_left_right_and_unpadded_prompts_generate_the_same(params):
+  key = jax.random.key(0)
+  rl = sampler.generate(params, *pad(PROMPTS, "left"), CFG, GREEDY, key, cache_dtype=F32)
+  rr = sampler.generate(params, *pad(PROMPTS, "right"), CFG, GREEDY, key, cache_dtype=F32)
+  tl, ll, ml = completions(rl)
+  tr, lr, mr = completions(rr)
+  np.testing.assert_array_equal(tl, tr)
+  np.testing.assert_allclose(ll, lr, rtol=0, atol=1e-5)
+  assert ml.all() and mr.all() and np.all(np.asarray(rl.lengths_B) == GREEDY.max_new_tokens)
+  for i in (0, 1):  # a batch of one, no padding at all
+    ru = sampler.generate(params, np.asarray([PROMPTS[i]]), np.ones((1, len(PROMPTS[i])), bool), CFG, GREEDY, key,
+                          cache_dtype=F32)
+    tu, lu, _ = completions(ru)
+    np.testing.assert_array_equal(tu[0], tl[i])
+    np.testing.assert_allclose(lu[0], ll[i], rtol=0, atol=1e-5)
+  # mu of greedy decoding = log softmax of a teacher-forced full forward (f32, accumulation order only).
+  for r in (rl, rr):
+    lp = np_log_softmax(teacher_forced_logits(params, r))
+    want = np.take_along_axis(lp, np.asarray(r.tokens_BT)[:, 1:, None], -1)[..., 0]
+    m = np.asarray(r.mask_BT)[:, 1:]
+    np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want[m], rtol=0, atol=1e-5)
+    # greedy: each generated token is the argmax of the teacher-forced logits
+    np.testing.assert_array_equal(np.asarray(r.tokens_BT)[:, 1:][m], teacher_forced_logits(params, r).argmax(-1)[m])
+
+
+def test_eos_stops_each_row(params):
+  toks, valid = pad(PROMPTS, "left")
+  free = sampler.generate(params, toks, valid, CFG, GREEDY, jax.random.key(0), cache_dtype=F32)
+  gen, lps, _ = completions(free)
+  eos = int(gen[1, 2])  # a token row 1 emits at step 2 (maybe earlier elsewhere)
+  stop = SamplingConfig(max_new_tokens=8, temperature=0.0, eos_id=eos, pad_id=0)
+  r = sampler.generate(params, toks, valid, CFG, stop, jax.random.key(0), cache_dtype=F32)
+  g2, l2, m2 = completions(r)
+  for b in range(len(PROMPTS)):
+    hits = np.nonzero(gen[b] == eos)[0]
+    n = hits[0] + 1 if hits.size else gen.shape[1]  # EOS itself is generated (mask 1)
+    assert int(r.lengths_B[b]) == n and m2[b, :n].all() and not m2[b, n:].any()
+    np.testing.assert_array_equal(g2[b, :n], gen[b, :n])
+    assert np.all(g2[b, n:] == stop.pad_id) and np.all(l2[b, n:] == 0)
+    np.testing.assert_allclose(l2[b, :n], lps[b, :n], rtol=0, atol=1e-6)
+  np.testing.assert_array_equal(r.valid_BT, np.concatenate([valid, m2], 1))
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.6), (0.8, 7, 0.5)])
+def test_sampling_logprobs_match_numpy_truncated_distribution(temperature, top_k, top_p):
+  logits = np.asarray(jax.random.normal(jax.random.key(1), (3, 50)) * 2.0, np.float32)
+  s = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+  got = np.asarray(sampler.sampling_logprobs(logits, s))
+  want = np_truncated_logprobs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+  np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))  # same kept set
+  np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], rtol=0, atol=2e-6)
+  # Drawn tokens follow exp(want): empirical frequencies within 5 binomial sigmas, mu = want[token].
+  n = 4000
+  keys = jax.random.split(jax.random.key(2), n)
+  draw = jax.jit(jax.vmap(lambda k: sampler.sample_tokens(logits[:1], k[None], s)))
+  tok, mu = (np.asarray(a)[:, 0] for a in draw(keys))
+  np.testing.assert_allclose(mu, want[0, tok], rtol=0, atol=2e-6)
+  p = np.exp(want[0])
+  freq = np.bincount(tok, minlength=50) / n
+  assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12)
+
+
+def test_sampled_generation_mu_is_the_truncated_logprob_of_its_own_logits(params):
+  s = SamplingConfig(max_new_tokens=6, temperature=0.7, top_k=10, top_p=0.8)
+  r = sampler.generate(params, *pad(PROMPTS, "right"), CFG, s, jax.random.key(3), cache_dtype=F32)
+  tf = teacher_forced_logits(params, r)
+  m = np.asarray(r.mask_BT)[:, 1:]
+  tok = np.asarray(r.tokens_BT)[:, 1:][m]
+  ref = np_truncated_logprobs(tf[m], temperature=0.7, top_k=10, top_p=0.8)
+  want = ref[np.arange(len(tok)), tok]
+  assert np.all(np.isfinite(want))  # every drawn token is in the kept set
+  np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want, rtol=0, atol=1e-4)
+
+
+def test_seed_per_request_is_independent_of_the_batch(params):
+  s = SamplingConfig(max_new_tokens=6, temperature=1.0)
+  toks, valid = pad(PROMPTS, "left")
+  key = jax.random.key(4)
+  rb = sampler.generate(params, toks, valid, CFG, s, key, cache_dtype=F32)
+  keys = sampler.row_keys(key, 3)
+  r1 = sampler.generate(params, toks[2:], valid[2:], CFG, s, keys[2:], cache_dtype=F32)
+  np.testing.assert_array_equal(r1.tokens_BT[0], rb.tokens_BT[2])
+  other = sampler.generate(params, toks, valid, CFG, s, jax.random.key(5), cache_dtype=F32)
+  assert not np.array_equal(other.tokens_BT, rb.tokens_BT)
+
+
+@pytest.mark.parametrize("spec", [quant.Int4(group_size=32), quant.NVFP4(), quant.FP8()], ids=lambda s: s.name)
+def test_served_low_bit_sampler_equals_dequantized_float_forward(params, spec):
+  served = sampler.serve_params(params, spec, dtype=jnp.float32)
+  r = sampler.generate(served, *pad(PROMPTS, "left"), CFG, GREEDY, jax.random.key(0), cache_dtype=F32)
+  deq = jax.jit(quant.dequantize_params)(served)
+  # The sampler's logits are those of a float forward on dequantize(served), up to accumulation
+  # order: mu within 1e-5 (f32), and greedy tokens are the argmax of the teacher-forced logits.
+  tf = teacher_forced_logits(deq, r)
+  m = np.asarray(r.mask_BT)[:, 1:]
+  want = np.take_along_axis(np_log_softmax(tf), np.asarray(r.tokens_BT)[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want[m], rtol=0, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(r.tokens_BT)[:, 1:][m], tf.argmax(-1)[m])
+
+
+def test_serve_params_quantizes_the_compute_dtype_cast(params):
+  spec = quant.Int4(group_size=32)
+  served = sampler.serve_params(params, spec, dtype=jnp.bfloat16)
+  w = params["layers"]["mlp"]["up_proj"]["kernel"]
+  q = served["layers"]["mlp"]["up_proj"]["kernel"]
+  ref = quant.quantize(w.astype(jnp.bfloat16), spec, axis=-2)
+  assert isinstance(q, quant.QArray) and q.shape == w.shape
+  np.testing.assert_array_equal(q.codes, ref.codes)
+  np.testing.assert_array_equal(q.scale.astype(np.float32), ref.scale.astype(np.float32))
+  assert served["embed"]["embedding"].dtype == jnp.bfloat16
+  bf16 = sampler.serve_params(params, None)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(bf16))
+  with pytest.raises(ValueError, match="QArrays"):
+    sampler.serve_params(served, spec)
+  with pytest.raises(ValueError, match="QuantRules"):
+    sampler.serve_params(params, "int4")
+
+
+def test_sharded_generation_equals_unsharded(params):
+  assert jax.device_count() >= 8, "tests/conftest.py simulates 8 CPU devices"
+  mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  served = sampler.serve_params(params, quant.Int4(group_size=32), dtype=jnp.float32)
+  toks, valid = pad(PROMPTS + [[7, 7, 8]], "left")  # B = 4: divisible by the data axis
+  s = SamplingConfig(max_new_tokens=6, temperature=0.9, top_k=20)
+  want = sampler.generate(served, toks, valid, CFG, s, jax.random.key(6), cache_dtype=F32)
+  sharded = sampler.shard_params(served, mesh)
+  q = sharded["layers"]["attn"]["q_proj"]["kernel"]
+  assert q.codes.sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor")
+  assert sharded["layers"]["attn"]["o_proj"]["kernel"].codes.sharding.spec[1] == "tensor"
+  got = sampler.generate(sharded, sampler.shard_batch(jnp.asarray(toks), mesh),
+                         sampler.shard_batch(jnp.asarray(valid), mesh), CFG, s, jax.random.key(6), cache_dtype=F32)
+  np.testing.assert_array_equal(got.tokens_BT, want.tokens_BT)
+  np.testing.assert_allclose(got.logprobs_BT, want.logprobs_BT, rtol=0, atol=1e-5)
+
+
+def test_bad_input_is_named():
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingConfig(top_p=0.0)
+  with pytest.raises(ValueError, match="temperature"):
+    SamplingConfig(temperature=-1.0)
+  with pytest.raises(ValueError, match="eos_id"):
+    SamplingConfig(eos_id=-3)
+  assert SamplingConfig(eos_id=2).eos_id == (2,)
+  toks, valid = pad(PROMPTS, "left")
+  valid[1] = False
+  with pytest.raises(ValueError, match=r"rows \[1\]"):
+    sampler.generate({}, toks, valid, CFG, GREEDY, jax.random.key(0))
+  with pytest.raises(ValueError, match="key"):
+    sampler.row_keys(jax.random.split(jax.random.key(0), 2), 3)
