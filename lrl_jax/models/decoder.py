@@ -290,11 +290,9 @@ def _matmul(x, w, spec, act_spec=None):
   """x [.., K] @ w [K, N] -> [.., N] in x.dtype, f32 accumulation.
 
   w: a QArray (sampler: `kernels.qmatmul`) or a float array (learner). A float w with a spec is
-  fake-quantized along K with a straight-through gradient: INT4 / FP8 through the AQT-backed
-  `quant.dot_general_for(spec)`; NVFP4 / MXFP8 (for which `dot_general_for` would call `fake_quant`
-  and leave the result fusible into the dot) through `fake_quant` behind an optimization barrier:
-  XLA fusing the dequantization into the dot changes its accumulation order, and the QAT forward
-  would no longer equal the forward on `fake_quant_params` bit for bit.
+  fake-quantized along K with a straight-through gradient through `quant.dot_general_for(spec)`
+  (AQT for INT4 / FP8, `fake_quant` for NVFP4 / MXFP8; a barrier there keeps XLA from fusing the
+  dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`).
   act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8), or None.
   """
   if isinstance(w, quant.QArray):
@@ -302,10 +300,6 @@ def _matmul(x, w, spec, act_spec=None):
       x = quant.fake_quant(x, act_spec, axis=-1)
     return kernels.qmatmul(x, w).astype(x.dtype)
   w = w.astype(x.dtype)  # quantize the array the matmul sees (the sampler quantizes the same cast)
-  if spec is not None and not isinstance(spec, (quant.Int4, quant.FP8)):
-    w, spec = lax.optimization_barrier(quant.fake_quant(w, spec, axis=-2)), None
-    if act_spec is not None:
-      x, act_spec = quant.fake_quant(x, act_spec, axis=-1), None
   dn = (((x.ndim - 1,), (0,)), ((), ()))
   y = quant.dot_general_for(spec, act_spec=act_spec)(x, w, dn, preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
