@@ -1,5 +1,6 @@
 """Byte layouts: nibble packing (element 2i low), compressed-tensors int32 packing, E2M1 bit patterns."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -19,13 +20,15 @@ def test_nibble_layout_low_first():
 
 
 @settings(max_examples=25, deadline=None)
-@given(hnp.arrays(np.uint8, st.tuples(st.integers(1, 4), st.integers(1, 6).map(lambda n: 2 * n)),
-                  elements=st.integers(0, 15)), st.sampled_from([0, 1]))
+@given(hnp.arrays(np.uint8, (4, 6), elements=st.integers(0, 15)), st.sampled_from([0, 1]))
 def test_nibble_round_trip(codes, axis):
-  if codes.shape[axis] % 2:
-    codes = np.concatenate([codes, codes], axis=axis)
-  packed = packing.pack_nibbles(jnp.asarray(codes), axis=axis)
-  np.testing.assert_array_equal(np.asarray(packing.unpack_nibbles(packed, axis=axis)), codes)
+  packed = _pack(jnp.asarray(codes), axis=axis)
+  assert packed.shape[axis] == codes.shape[axis] // 2
+  np.testing.assert_array_equal(np.asarray(_unpack(packed, axis=axis)), codes)
+
+
+_pack = jax.jit(packing.pack_nibbles, static_argnames=("axis",))
+_unpack = jax.jit(packing.unpack_nibbles, static_argnames=("axis",))
 
 
 def test_nibbles_match_bitcast_to_uint4():
