@@ -35,8 +35,18 @@ def _bench(args, rest) -> int:
   return bench.main(rest) or 0
 
 
+_RL_COMMANDS = {"train": "train_main", "eval": "eval_main", "export": "export_main"}
+
+
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="lrl-jax", description="Low-precision RL for LLMs in JAX.")
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv and argv[0] in _RL_COMMANDS:  # `lrl-jax train configs/x.yaml [key=value ...]` and friends
+    from lrl_jax.rl import cli as rl_cli
+
+    return getattr(rl_cli, _RL_COMMANDS[argv[0]])(argv[1:]) or 0
+  parser = argparse.ArgumentParser(
+      prog="lrl-jax", description="Low-precision RL for LLMs in JAX.",
+      epilog="RL commands: lrl-jax train CONFIG [key=value ...] [--resume] | eval ... | export ... (each has --help)")
   sub = parser.add_subparsers(dest="command", required=True)
   for name, help_ in (("demo", "the README's main job on the embedded default"),
                       ("numerics", "error table of every quantization format")):
