@@ -1,0 +1,52 @@
+"""lrl_jax.learner — the sharded QAT learner: mesh and logical-axis rules, train state, the RL step, checkpoints.
+
+See lrl_jax/learner/README.md.
+"""
+
+from lrl_jax.learner.config import CORRECTIONS, POLICY_LOSSES, SCHEDULES, LearnerConfig
+from lrl_jax.learner.mesh import (
+    ACTIVATION_RULES,
+    MESH_AXES,
+    PARAM_RULES,
+    activation_rules,
+    batch_sharding,
+    logical_to_spec,
+    lora_shardings,
+    make_mesh,
+    param_shardings,
+    replicated,
+    shard_batch,
+)
+from lrl_jax.learner.state import (
+    TrainState,
+    create_train_state,
+    make_optimizer,
+    make_schedule,
+    replace_trainable,
+    state_shardings,
+    step_key,
+    trainable_params,
+)
+from lrl_jax.learner.step import (
+    Batch,
+    NonFiniteError,
+    NonFiniteGuard,
+    compute_old_logprobs,
+    compute_values,
+    logprobs_from_logits,
+    token_logprobs,
+    train_step,
+)
+from lrl_jax.learner.checkpoint import Checkpointer, abstract_state
+from lrl_jax.learner.multihost import initialize_distributed
+
+__all__ = [
+    "LearnerConfig", "POLICY_LOSSES", "CORRECTIONS", "SCHEDULES",
+    "MESH_AXES", "PARAM_RULES", "ACTIVATION_RULES", "make_mesh", "logical_to_spec", "param_shardings",
+    "lora_shardings", "replicated", "batch_sharding", "shard_batch", "activation_rules",
+    "TrainState", "create_train_state", "make_optimizer", "make_schedule", "trainable_params",
+    "replace_trainable", "state_shardings", "step_key",
+    "Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values", "train_step",
+    "NonFiniteGuard", "NonFiniteError",
+    "Checkpointer", "abstract_state", "initialize_distributed",
+]

@@ -1,0 +1,455 @@
+"""The RL train step: π from the (QAT) forward, policy loss + corrections, micro-batching, NaN guard.
+
+Log-prob alignment: `token_logprobs(...)[b, t]` is log π(tokens[b, t] | the valid tokens
+before it), computed from the logits at the previous *valid* position (t − 1 unless padding
+sits in between); 0 where token t is padding or has no valid token before it. The sampler's
+μ, the loss mask and π_old use the same alignment: position t scores token t.
+
+Numerics (`LearnerConfig.compute_dtype`, `LearnerConfig.qat`): the fp32 masters are cast to
+the compute dtype inside each matmul and *that cast* is fake-quantized (`models.decoder._matmul`,
+the contract rule of `quant/aqt.py`: quantize the array the matmul sees). So with bf16 compute
+the sampler must serve `quantize(w.astype(bfloat16))` — `rl.sync` quantizes the bf16 cast of
+the masters, not the f32 masters. Log-probs, the entropy, the losses and the accumulated
+gradients are float32.
+
+Micro-batching: rows m, m + M, m + 2M, ... form micro-batch m (so each data shard holds a
+slice of every micro-batch). The loss normaliser (`denom`: Σ mask for "token-mean", the
+number of non-empty sequences otherwise) is computed on the full batch, so the micro-batch
+losses and gradients *sum* to the full-batch ones; metrics are `Mean(total, count)` pairs
+summed over micro-batches. Correction weights (TIS / MIS / ACRL) and the mismatch metrics
+are computed on the full batch (they need batch statistics), so they are exact too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import Mesh
+
+from lrl_jax import losses
+from lrl_jax.learner.config import LearnerConfig
+from lrl_jax.learner.mesh import activation_rules
+from lrl_jax.learner.state import (TrainState, make_optimizer, make_schedule, replace_trainable, state_shardings,
+                                   trainable_params)
+from lrl_jax.losses import Max, Mean
+from lrl_jax.models import ACTIVATION_AXES, Lora, ModelConfig, forward_hidden, logits_from_hidden
+
+__all__ = ["Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values",
+           "train_step", "NonFiniteGuard", "NonFiniteError"]
+
+
+@flax.struct.dataclass
+class Batch:
+  """One learner batch (a pytree; None fields are absent).
+
+  Attributes:
+    tokens: int32 [B, T] prompt + completion tokens.
+    loss_mask: bool [B, T], True on the generated tokens the loss trains on.
+    sampler_logp: f32 [B, T] the sampler's log μ of each token (aligned with `tokens`).
+    advantages: f32 [B] per sequence or [B, T] per token.
+    valid: bool [B, T], False on padding (None: all valid).
+    positions: int32 [B, T] RoPE positions (None: count of valid tokens before each).
+    old_logp: f32 [B, T] log π_old (`compute_old_logprobs`); None: π_old = π_θ detached
+      (one update per batch). Required by the TIS / MIS / ACRL corrections.
+    ref_logp: f32 [B, T] log π_ref for the KL penalty / metric, or None.
+    returns: f32 [B, T] value targets (GAE returns) for the value head, or None.
+  """
+
+  tokens: jax.Array
+  loss_mask: jax.Array
+  sampler_logp: jax.Array
+  advantages: jax.Array
+  valid: jax.Array | None = None
+  positions: jax.Array | None = None
+  old_logp: jax.Array | None = None
+  ref_logp: jax.Array | None = None
+  returns: jax.Array | None = None
+
+  def check(self) -> None:
+    """Raises ValueError naming a field whose shape does not fit tokens [B, T]."""
+    if jnp.ndim(self.tokens) != 2:
+      raise ValueError(f"Batch.tokens must be [B, T]; got shape {jnp.shape(self.tokens)}")
+    bt = tuple(jnp.shape(self.tokens))
+    for name in ("loss_mask", "sampler_logp", "valid", "positions", "old_logp", "ref_logp", "returns"):
+      x = getattr(self, name)
+      if x is not None and tuple(jnp.shape(x)) != bt:
+        raise ValueError(f"Batch.{name} must have the shape of tokens {bt}; got {tuple(jnp.shape(x))}")
+    a = jnp.shape(self.advantages)
+    if a not in (bt[:1], bt):
+      raise ValueError(f"Batch.advantages must be [B] or [B, T] with [B, T] = {bt}; got {a}")
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def _prev_next(valid_BT):
+  """prev[b, t]: last valid index < t (−1 if none); next[b, s]: first valid index > s (T if none)."""
+  T = valid_BT.shape[1]
+  ar = jnp.arange(T, dtype=jnp.int32)[None, :]
+  last_le = lax.cummax(jnp.where(valid_BT, ar, -1), axis=1)
+  first_ge = lax.cummin(jnp.where(valid_BT, ar, T), axis=1, reverse=True)
+  fill = lambda v: jnp.full((valid_BT.shape[0], 1), v, jnp.int32)
+  prev = jnp.concatenate([fill(-1), last_le[:, :-1]], axis=1)
+  nxt = jnp.concatenate([first_ge[:, 1:], fill(T)], axis=1)
+  return prev, nxt
+
+
+def _shift_to_targets(per_pos_BT, prev_BT, has_prev_BT):
+  """out[b, t] = per_pos[b, prev[b, t]] where token t has a valid predecessor, else 0."""
+  g = jnp.take_along_axis(per_pos_BT, jnp.maximum(prev_BT, 0), axis=1)
+  return jnp.where(has_prev_BT, g, 0.0)
+
+
+def logprobs_from_logits(logits_BTV, tokens_BT, valid_BT=None, *, with_entropy: bool = False):
+  """log π of each token from the logits at its previous valid position.
+
+  Args:
+    logits_BTV: [B, T, V] logits (any float dtype; computed in f32).
+    tokens_BT: int [B, T].
+    valid_BT: bool [B, T] or None (all valid).
+    with_entropy: also return the entropy [B, T] of the distribution that predicted token t.
+
+  Returns:
+    logp [B, T] f32 (0 where token t is padding or first), and the entropy if asked.
+  """
+  B, T, V = logits_BTV.shape
+  if tuple(tokens_BT.shape) != (B, T):
+    raise ValueError(f"logprobs_from_logits: tokens {tuple(tokens_BT.shape)} do not match logits {(B, T, V)}")
+  valid_BT = jnp.ones((B, T), bool) if valid_BT is None else jnp.asarray(valid_BT).astype(bool)
+  z = logits_BTV.astype(jnp.float32)  # f32: log-softmax of bf16 logits loses the small probabilities
+  prev, nxt = _prev_next(valid_BT)
+  has_prev = valid_BT & (prev >= 0)
+  next_tok = jnp.take_along_axis(tokens_BT, jnp.minimum(nxt, T - 1), axis=1)  # the token position s predicts
+  lse = jax.nn.logsumexp(z, axis=-1)
+  picked = jnp.take_along_axis(z, next_tok[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  logp = _shift_to_targets(picked - lse, prev, has_prev)
+  if not with_entropy:
+    return logp
+  ent = losses.entropy_from_logits(z, valid_BT)
+  return logp, _shift_to_targets(ent, prev, has_prev)
+
+
+def _compute_cfg(model_cfg: ModelConfig, cfg: LearnerConfig) -> ModelConfig:
+  return model_cfg if model_cfg.dtype == cfg.compute_dtype else model_cfg.replace(dtype=cfg.compute_dtype)
+
+
+def _policy(params, lora, batch: Batch, mcfg: ModelConfig, cfg: LearnerConfig, *, with_entropy=False):
+  """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics."""
+  h, _ = forward_hidden(params, batch.tokens, mcfg, positions_BT=batch.positions, valid_BT=batch.valid,
+                        qat_rules=cfg.qat_rules, lora=lora, remat=cfg.remat)
+  logits = nn.with_logical_constraint(logits_from_hidden(params, h, mcfg), ACTIVATION_AXES["logits_BTV"])
+  out = logprobs_from_logits(logits, batch.tokens, batch.valid, with_entropy=with_entropy)
+  return (out if with_entropy else (out, None)) + (h,)
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"))
+def token_logprobs(params, batch: Batch, model_cfg: ModelConfig, *, cfg: LearnerConfig | None = None,
+                   lora: Lora | None = None) -> jax.Array:
+  """log π(tokens[b, t] | tokens before) [B, T] f32 under the learner's numerics (compute dtype, QAT).
+
+  Args:
+    params: model parameters (float masters, or a served tree with QArray kernels).
+    batch: tokens, valid, positions are used.
+    model_cfg: the model.
+    cfg: learner config giving compute dtype and QAT (None: `model_cfg.dtype`, no QAT).
+    lora: adapters, or None.
+  """
+  mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
+  cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
+  h, _ = forward_hidden(params, batch.tokens, mcfg, positions_BT=batch.positions, valid_BT=batch.valid,
+                        qat_rules=cfg.qat_rules, lora=lora)
+  return logprobs_from_logits(logits_from_hidden(params, h, mcfg), batch.tokens, batch.valid)
+
+
+# --------------------------------------------------------------------------- micro-batches
+
+
+def _split(x, m: int):
+  """[B, ...] -> [M, B/M, ...]: micro-batch j holds rows j, j + M, j + 2M, ..."""
+  return jnp.swapaxes(x.reshape((x.shape[0] // m, m) + x.shape[1:]), 0, 1)
+
+
+def _unsplit(x):
+  """Inverse of `_split`: [M, B/M, ...] -> [B, ...]."""
+  x = jnp.swapaxes(x, 0, 1)
+  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+
+
+def _check_micro(B: int, m: int):
+  if B % m:
+    raise ValueError(f"LearnerConfig.micro_batches={m} must divide the batch size B={B}")
+
+
+@contextlib.contextmanager
+def _mesh_ctx(mesh: Mesh | None):
+  """Activation sharding constraints (logical rules) while tracing under `mesh`; nothing without one."""
+  if mesh is None:
+    yield
+    return
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), activation_rules():
+    yield
+
+
+def _adapters(state_like: TrainState, policy) -> tuple[Any, Lora | None]:
+  if state_like.trainable == "full":
+    return policy, None
+  return state_like.params, Lora(params=policy, config=state_like.lora.config)
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"))
+def compute_old_logprobs(state: TrainState, batch: Batch, ref_params=None, *, model_cfg: ModelConfig,
+                         cfg: LearnerConfig, mesh: Mesh | None = None):
+  """π_old (the current state's log-probs, detached) and π_ref (a reference tree's), [B, T] f32 each.
+
+  Runs in `cfg.micro_batches` chunks (`lax.map`) with the learner's numerics (compute dtype,
+  QAT, LoRA). `ref_params`: a full parameter tree evaluated without adapters (e.g. the
+  initial policy; for LoRA runs, the frozen base itself), or None (then ref_logp is None).
+
+  Returns:
+    (old_logp [B, T], ref_logp [B, T] or None).
+  """
+  batch.check()
+  mcfg = _compute_cfg(model_cfg, cfg)
+  M = cfg.micro_batches
+  _check_micro(batch.tokens.shape[0], M)
+  params, lora = _adapters(state, state.params if state.trainable == "full" else state.lora.params)
+  mbs = jax.tree_util.tree_map(lambda x: _split(x, M), batch)
+
+  def one(mb):
+    old = _policy(params, lora, mb, mcfg, cfg)[0]
+    ref = None if ref_params is None else _policy(ref_params, None, mb, mcfg, cfg)[0]
+    return old, ref
+
+  with _mesh_ctx(mesh):
+    old, ref = lax.map(one, mbs)
+  old = lax.stop_gradient(_unsplit(old))
+  return old, None if ref is None else lax.stop_gradient(_unsplit(ref))
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"))
+def compute_values(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: LearnerConfig,
+                   mesh: Mesh | None = None) -> jax.Array:
+  """The value head's V_q [B, T] (or [B, T, K]) on the final hidden states (for GAE)."""
+  if state.value_head is None:
+    raise ValueError("compute_values: the state has no value head (create_train_state(value_head=True))")
+  batch.check()
+  mcfg = _compute_cfg(model_cfg, cfg)
+  M = cfg.micro_batches
+  _check_micro(batch.tokens.shape[0], M)
+  params, lora = _adapters(state, state.params if state.trainable == "full" else state.lora.params)
+  mult = losses.delta_multiplier(state.step) if cfg.value_delta_schedule else 1.0
+
+  def one(mb):
+    h = _policy(params, lora, mb, mcfg, cfg)[2]
+    return losses.value_head_apply(state.value_head, h, delta_mult=mult)[0]
+
+  with _mesh_ctx(mesh):
+    v = lax.map(one, jax.tree_util.tree_map(lambda x: _split(x, M), batch))
+  return _unsplit(v)
+
+
+# --------------------------------------------------------------------------- the step
+
+
+def _corrections(state: TrainState, batch: Batch, cfg: LearnerConfig):
+  """Detached token weights [B, T] (or None), the new ACRL state, and their metrics (full batch)."""
+  if cfg.correction == "none":
+    return None, state.acrl, {}
+  if batch.old_logp is None:
+    raise ValueError(f"LearnerConfig.correction={cfg.correction!r} needs Batch.old_logp (compute_old_logprobs)")
+  old, mu, mask = batch.old_logp, batch.sampler_logp, batch.loss_mask
+  if cfg.correction == "tis":
+    w, m = losses.tis_weights(old, mu, mask, level=cfg.level, clip_c=cfg.clip_c,
+                              batch_normalize=cfg.tis_batch_normalize)
+    return w, state.acrl, m
+  if cfg.correction == "mis":
+    w, m = losses.mis_weights(old, mu, mask, level=cfg.level, lo=cfg.mis_lo, hi=cfg.mis_hi,
+                              keep_ratio=cfg.mis_keep_ratio)
+    return w, state.acrl, m
+  w, acrl, m = losses.acrl_weights(state.acrl, old, mu, batch.advantages, mask, gamma=cfg.acrl_gamma,
+                                   clip_c=cfg.clip_c)
+  return w, acrl, m
+
+
+def _denom(mask, agg: str):
+  m = jnp.asarray(mask).astype(bool)
+  if agg == "token-mean":
+    return jnp.sum(m).astype(jnp.float32)
+  return jnp.sum(jnp.any(m, axis=1)).astype(jnp.float32)
+
+
+def _micro_loss(trainable, state: TrainState, mb: Batch, weights, denom, mcfg, cfg: LearnerConfig, delta_mult):
+  params, lora = _adapters(state, trainable["policy"])
+  logp, ent, h = _policy(params, lora, mb, mcfg, cfg, with_entropy=True)
+  mask = mb.loss_mask
+  old = lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
+  common = dict(agg=cfg.agg, norm_len=cfg.norm_len, denom=denom, token_weights=weights, ref_logp=mb.ref_logp,
+                kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, clip_eps_low=cfg.clip_eps_low,
+                clip_eps_high=cfg.clip_eps_high)
+  if cfg.policy_loss == "ppo":
+    loss, metrics = losses.ppo_loss(logp, old, mb.advantages, mask, dual_clip_c=cfg.dual_clip_c, entropy=ent,
+                                    entropy_coef=cfg.entropy_coef, **common)
+  else:
+    loss, metrics = losses.gspo_loss(logp, old, mb.advantages, mask, **common)
+    m = jnp.asarray(mask).astype(bool)
+    metrics["entropy"] = Mean(jnp.sum(jnp.where(m, lax.stop_gradient(ent), 0.0)), jnp.sum(m).astype(jnp.float32))
+  sums = {"policy_loss": lax.stop_gradient(loss)}  # micro-batch losses sum to the batch loss (global denom)
+  if "value_head" in trainable and mb.returns is not None:
+    # The critic reads the trunk's features detached: its loss trains the head only.
+    v, _ = losses.value_head_apply(trainable["value_head"], lax.stop_gradient(h), delta_mult=delta_mult)
+    vl, vm = losses.value_loss(v, mb.returns, mask, alpha=cfg.value_alpha, quantile_levels=cfg.value_quantile_levels,
+                               agg=cfg.agg, norm_len=cfg.norm_len, denom=denom)
+    loss = loss + cfg.value_coef * vl
+    metrics.update({f"value/{k}": x for k, x in vm.items()})
+    sums["value/loss"] = lax.stop_gradient(vl)
+  return loss, (metrics, sums, logp)
+
+
+def _reduce_stacked(metrics):
+  """Metrics stacked over micro-batches [M, ...] -> one set: Mean pairs add, Max maxes."""
+  out = {}
+  for k, v in metrics.items():
+    if isinstance(v, Mean):
+      out[k] = Mean(jnp.sum(v.total, axis=0), jnp.sum(v.count, axis=0))
+    elif isinstance(v, Max):
+      out[k] = Max(jnp.max(v.value, axis=0))
+    else:
+      out[k] = jnp.mean(v, axis=0)
+  return out
+
+
+def _is_metric(x):
+  return isinstance(x, (Mean, Max))
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"), donate_argnames=("state",))
+def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: LearnerConfig,
+               mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update on `batch` (the state is donated: its buffers are reused).
+
+  loss = policy loss (PPO / GSPO with `cfg.agg`, KL and entropy terms, correction weights)
+         + value_coef · value loss (if the state has a value head and the batch has returns),
+  gradients over `cfg.micro_batches` micro-batches (summed; exact), then clip + AdamW.
+
+  NaN guard: if the loss or the gradient's global norm is not finite, params, opt_state and
+  the ACRL state are left unchanged, `skipped` and `skipped_in_row` grow by one (the step
+  counter still advances: the next step takes the next batch). `NonFiniteGuard` stops a run
+  after N skipped steps in a row.
+
+  Args:
+    state: the `TrainState` (donated).
+    batch: a `Batch`; B must be divisible by `cfg.micro_batches`. On a mesh, shard it with
+      `shard_batch` (rows over ('data', 'fsdp')).
+    model_cfg: the model (static); its `dtype` is replaced by `cfg.compute_dtype`.
+    cfg: `LearnerConfig` (static).
+    mesh: the mesh the state lives on (static): activations are constrained by
+      `mesh.ACTIVATION_RULES` and the new state keeps `state_shardings`. None: one device.
+
+  Returns:
+    (new_state, metrics): float32 scalars — "loss", "grad_norm", "lr", "skipped" (this step),
+    "skipped_total", "skipped_in_row", the policy loss's metrics ("pg_loss", "clip_frac_low",
+    "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "entropy", "kl_ref", ...),
+    "mismatch/<name>" for every `losses.mismatch_metrics` entry (π_θ at the start of the step
+    vs μ, on the loss mask), "correction/<name>" (TIS / MIS / ACRL weights), "value/<name>".
+  """
+  batch.check()
+  B = batch.tokens.shape[0]
+  M = cfg.micro_batches
+  _check_micro(B, M)
+  mcfg = _compute_cfg(model_cfg, cfg)
+  tx = make_optimizer(cfg)
+  trainable = trainable_params(state)
+  delta_mult = losses.delta_multiplier(state.step) if cfg.value_delta_schedule else 1.0
+
+  with _mesh_ctx(mesh):
+    weights, new_acrl, corr_metrics = _corrections(state, batch, cfg)
+    denom = _denom(batch.loss_mask, cfg.agg)
+    mbs = jax.tree_util.tree_map(lambda x: _split(x, M), batch)
+    w_mbs = None if weights is None else _split(weights, M)
+    grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+
+    def body(carry, xs):
+      g_acc, l_acc = carry
+      mb, w = xs
+      (loss, (metrics, sums, logp)), g = grad_fn(trainable, state, mb, w, denom, mcfg, cfg, delta_mult)
+      g_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
+      return (g_acc, l_acc + loss), (metrics, sums, logp)
+
+    zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
+    (grads, loss), (metrics, sums, logp_mbs) = lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), (mbs, w_mbs))
+    metrics = _reduce_stacked(metrics)
+    metrics.update({k: jnp.sum(v, axis=0) for k, v in sums.items()})
+    logp = _unsplit(logp_mbs)
+    mismatch = losses.mismatch_metrics(logp, batch.sampler_logp, batch.loss_mask)
+
+    grad_norm = optax.tree.norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)  # an overflowing norm counts as non-finite too
+    updates, new_opt = tx.update(grads, state.opt_state, trainable)
+    new_trainable = optax.apply_updates(trainable, updates)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
+    new_state = replace_trainable(state, keep(new_trainable, trainable)).replace(
+        opt_state=keep(new_opt, state.opt_state),
+        acrl=keep(new_acrl, state.acrl),
+        step=state.step + 1,
+        skipped=state.skipped + (~ok).astype(jnp.int32),
+        skipped_in_row=jnp.where(ok, 0, state.skipped_in_row + 1).astype(jnp.int32),
+    )
+    if mesh is not None:
+      new_state = lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, cfg))
+
+  out = dict(losses.finalize_metrics(metrics))
+  out.update({f"mismatch/{k}": v for k, v in losses.finalize_metrics(mismatch).items()})
+  out.update({f"correction/{k}": v for k, v in losses.finalize_metrics(corr_metrics).items()})
+  out.update({
+      "loss": loss,
+      "grad_norm": grad_norm,
+      "lr": make_schedule(cfg)(state.step - state.skipped),
+      "skipped": (~ok).astype(jnp.float32),
+      "skipped_total": new_state.skipped.astype(jnp.float32),
+      "skipped_in_row": new_state.skipped_in_row.astype(jnp.float32),
+  })
+  return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------- host-side guard
+
+
+class NonFiniteError(RuntimeError):
+  """Raised by `NonFiniteGuard` when too many steps in a row had a non-finite loss or gradient."""
+
+
+class NonFiniteGuard:
+  """Stops a run after `max_in_row` consecutive skipped (non-finite) steps.
+
+  Usage: `guard = NonFiniteGuard(max_in_row=3)`; after each step `guard.check(metrics)`.
+  The skipped steps changed nothing, so the last checkpoint and the current params are the
+  last good ones.
+  """
+
+  def __init__(self, *, max_in_row: int = 3):
+    if not isinstance(max_in_row, int) or max_in_row < 1:
+      raise ValueError(f"NonFiniteGuard.max_in_row must be a positive int; got {max_in_row!r}")
+    self.max_in_row = max_in_row
+    self.total_skipped = 0
+
+  def check(self, metrics: dict, *, step: int | None = None) -> bool:
+    """Returns True if this step was skipped; raises NonFiniteError after `max_in_row` in a row."""
+    skipped = bool(float(metrics["skipped"]) > 0)
+    in_row = int(float(metrics["skipped_in_row"]))
+    self.total_skipped = int(float(metrics["skipped_total"]))
+    if in_row >= self.max_in_row:
+      where = "" if step is None else f" (last at step {step})"
+      raise NonFiniteError(
+          f"{in_row} consecutive learner steps had a non-finite loss or gradient{where}; "
+          f"{self.total_skipped} skipped in total. Parameters and optimizer state are those of the last "
+          f"good step (skipped steps change nothing); lower the learning rate, check the batch "
+          f"(sampler log-probs, advantages) or resume from the last checkpoint.")
+    return skipped

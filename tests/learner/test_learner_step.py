@@ -1,0 +1,253 @@
+"""train_step: loss vs a float64 NumPy PPO, micro-batching == full batch, sharded (2,2,2) == one device,
+NaN guard, LoRA-only, value head, ACRL state, config validation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from _learner_util import B, T, _forward, assert_update_close, host, make_batch, max_abs_diff, np_token_logprobs, tiny_cfg
+from lrl_jax import learner as L
+from lrl_jax import models, quant
+
+KEY = jax.random.PRNGKey(0)
+MC = tiny_cfg()
+
+
+def _state(cfg, **kw):
+  return L.create_train_state(KEY, MC, cfg, **kw)
+
+
+def _np_ppo_tis(logp, batch, cfg):
+  """float64 PPO-clip with token TIS weights, token-mean (Schulman 2017; Yao et al. 2025)."""
+  m = np.asarray(batch.loss_mask, bool)
+  old = np.asarray(batch.old_logp, np.float64)
+  mu = np.asarray(batch.sampler_logp, np.float64)
+  a = np.broadcast_to(np.asarray(batch.advantages, np.float64)[:, None], m.shape)
+  r = np.exp(logp - old)
+  surr = np.minimum(r * a, np.clip(r, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high) * a)
+  w = np.minimum(np.exp(old - mu), cfg.clip_c)
+  return float(np.sum(np.where(m, -w * surr, 0.0)) / m.sum())
+
+
+def _np_logp(params, batch):
+  logits, _ = _forward(params, batch.tokens, MC.replace(dtype="float32"), valid_BT=batch.valid)
+  return np_token_logprobs(np.asarray(logits), np.asarray(batch.tokens), np.asarray(batch.valid))
+
+
+CFG = L.LearnerConfig(lr=1e-3, compute_dtype="float32", correction="tis", micro_batches=1)
+
+
+@pytest.fixture(scope="module")
+def full_batch_run():
+  """One step on the full batch (M = 1): the reference of the micro-batch and sharded tests."""
+  state = _state(CFG)
+  p0 = host(state.params)
+  batch = make_batch(0, MC, state.params)
+  new, metrics = L.train_step(state, batch, model_cfg=MC, cfg=CFG)
+  return p0, batch, host(new.params), host(new.opt_state), {k: float(v) for k, v in metrics.items()}
+
+
+def test_loss_matches_numpy_ppo_with_tis(full_batch_run):
+  p0, batch, _, _, metrics = full_batch_run
+  want = _np_ppo_tis(_np_logp(p0, batch), batch, CFG)
+  assert metrics["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)  # f32 forward vs f64 reference
+  assert 0 < metrics["clip_frac_low"] + metrics["clip_frac_high"] < 1  # the clip is exercised
+  assert metrics["skipped"] == 0 and metrics["lr"] == pytest.approx(CFG.lr)
+  for k in ("prob_abs_diff_mean", "prob_abs_diff_max", "log_abs_diff_mean", "kl_k1", "kl_k3", "log_ppl_ratio",
+            "ess_token", "pearson_logp", "nonfinite_frac"):
+    assert f"mismatch/{k}" in metrics
+  m = np.asarray(batch.loss_mask, bool)
+  d = np.abs(np.exp(_np_logp(p0, batch)) - np.exp(np.asarray(batch.sampler_logp, np.float64)))
+  assert metrics["mismatch/prob_abs_diff_mean"] == pytest.approx(d[m].mean(), rel=1e-5)
+  w = np.minimum(np.exp(np.asarray(batch.old_logp, np.float64) - np.asarray(batch.sampler_logp, np.float64)), 2.0)
+  assert metrics["correction/weight_mean"] == pytest.approx(w[m].mean(), rel=1e-5)
+
+
+@pytest.mark.parametrize("micro", [pytest.param(2, marks=pytest.mark.slow), 4])
+def test_micro_batches_equal_full_batch(full_batch_run, micro):
+  """Summed micro-batch losses / grads with the global denominator == the full batch (f32 reordering only)."""
+  p0, batch, p1, opt1, m1 = full_batch_run
+  cfg = CFG.replace(micro_batches=micro)
+  state = _state(cfg)
+  new, metrics = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+  assert metrics["loss"] == pytest.approx(m1["loss"], rel=1e-6, abs=1e-7)
+  assert float(metrics["grad_norm"]) == pytest.approx(m1["grad_norm"], rel=1e-5)
+  for k in ("pg_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "entropy",
+            "mismatch/kl_k3", "mismatch/pearson_logp", "correction/ess_token"):
+    assert float(metrics[k]) == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
+  assert_update_close(host(new.params), host(new.opt_state), p1, opt1)
+
+
+@pytest.mark.slow
+def test_qat_step_sees_the_served_int4_weights():
+  """bf16 compute + INT4 QAT: π in the step equals the log-probs of the served INT4 tree (codes of the
+  bf16 cast of the masters, matmuls through kernels.qmatmul): every mismatch metric is exactly zero."""
+  spec = quant.Int4(group_size=32)
+  cfg = CFG.replace(compute_dtype="bfloat16", qat=spec, correction="none")
+  state = _state(cfg)
+  batch = make_batch(6, MC, state.params)
+  cast = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), state.params)
+  served = quant.quantize_params(cast, quant.QuantRules.default(spec))
+  mu = L.token_logprobs(served, batch, MC, cfg=L.LearnerConfig(compute_dtype="bfloat16"))
+  state, m = L.train_step(state, batch.replace(sampler_logp=mu), model_cfg=MC, cfg=cfg)
+  assert float(m["skipped"]) == 0
+  for k in ("prob_abs_diff_max", "log_abs_diff_mean", "kl_k1", "kl_k3", "log_ppl_ratio"):
+    assert float(m[f"mismatch/{k}"]) == 0.0, k
+  assert float(m["mismatch/ess_token"]) == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_gspo_seq_mean_micro_batches():
+  """Sequence-level aggregation too: M = 2 equals M = 1."""
+  out = []
+  for micro in (1, 2):
+    cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", policy_loss="gspo", clip_eps_low=0.05,
+                          clip_eps_high=0.05, agg="seq-mean-token-mean", micro_batches=micro)
+    state = _state(cfg)
+    batch = make_batch(3, MC, state.params)
+    new, metrics = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+    out.append((host(new.params), host(new.opt_state), float(metrics["loss"]), float(metrics["clip_frac_high"])))
+  assert out[1][2] == pytest.approx(out[0][2], rel=1e-6, abs=1e-7)
+  assert out[1][3] == out[0][3]
+  assert_update_close(out[0][0], out[0][1], out[1][0], out[1][1])
+
+
+def test_sharded_step_equals_single_device(full_batch_run):
+  """(data, fsdp, tensor) = (2, 2, 2) on 8 CPU devices, 2 micro-batches, == the single-device step:
+  loss and grad norm to rel 1e-5, gradients to 1e-5 of the largest, params to 1e-5 absolute
+  (f32; collectives reorder the sums)."""
+  assert jax.device_count() == 8
+  p0, batch, p1, opt1, m1 = full_batch_run
+  cfg = CFG.replace(micro_batches=2)
+  mesh = L.make_mesh(data=2, fsdp=2, tensor=2)
+  state = L.create_train_state(KEY, MC, cfg, mesh=mesh)
+  assert max_abs_diff(host(state.params), p0) == 0  # sharded init == single-device init
+  want = L.state_shardings(state, mesh, cfg)
+  q = state.params["layers"]["attn"]["q_proj"]["kernel"]
+  assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
+  new, metrics = L.train_step(state, L.shard_batch(batch, mesh), model_cfg=MC, cfg=cfg, mesh=mesh)
+  assert float(metrics["loss"]) == pytest.approx(m1["loss"], rel=1e-5)
+  assert float(metrics["grad_norm"]) == pytest.approx(m1["grad_norm"], rel=1e-5)
+  assert_update_close(host(new.params), host(new.opt_state), p1, opt1)
+  got = jax.tree_util.tree_map(lambda x: x.sharding, new)
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    assert g.is_equivalent_to(w, 3) or g.is_equivalent_to(w, 2) or g.is_equivalent_to(w, 1) or \
+        g.is_equivalent_to(w, 0)
+
+
+def test_nan_guard_skips_and_counts():
+  """A non-finite step changes nothing but the counters; N in a row stop the run."""
+  cfg = CFG  # shares the compiled step with the other tests
+  state = _state(cfg)
+  good = make_batch(0, MC, state.params)
+  adv = np.array(good.advantages)
+  adv[3] = np.nan  # a real sequence with a NaN advantage: loss and gradients are NaN
+  bad = good.replace(advantages=jnp.asarray(adv))
+  p0, o0 = host(state.params), host(state.opt_state)
+  guard = L.NonFiniteGuard(max_in_row=2)
+  state, m = L.train_step(state, bad, model_cfg=MC, cfg=cfg)
+  assert guard.check(m) is True
+  assert (int(state.step), int(state.skipped), int(state.skipped_in_row)) == (1, 1, 1)
+  assert max_abs_diff(host(state.params), p0) == 0 and max_abs_diff(host(state.opt_state), o0) == 0
+  state, m = L.train_step(state, good, model_cfg=MC, cfg=cfg)  # a good step resets the run of skips
+  assert guard.check(m) is False and float(m["skipped"]) == 0
+  assert (int(state.step), int(state.skipped), int(state.skipped_in_row)) == (2, 1, 0)
+  assert max_abs_diff(host(state.params), p0) > 0
+  p2, o2 = host(state.params), host(state.opt_state)
+  state, m = L.train_step(state, bad, model_cfg=MC, cfg=cfg)
+  guard.check(m)
+  state, m = L.train_step(state, bad, model_cfg=MC, cfg=cfg)
+  with pytest.raises(L.NonFiniteError, match="2 consecutive"):
+    guard.check(m, step=3)
+  assert int(state.skipped) == 3 and int(state.step) == 4
+  assert max_abs_diff(host(state.params), p2) == 0 and max_abs_diff(host(state.opt_state), o2) == 0
+
+
+@pytest.mark.parametrize("base", [pytest.param("float", marks=pytest.mark.slow), "int4-served"])
+def test_lora_only_trains_adapters_over_frozen_base(base):
+  cfg = L.LearnerConfig(lr=1e-2, compute_dtype="float32", qat=quant.Int4(group_size=32) if base == "float" else None)
+  params = models.init_params(MC, jax.random.PRNGKey(5))
+  if base == "int4-served":
+    params = quant.quantize_params(params, quant.QuantRules.default(quant.Int4(group_size=32)))
+  state = L.create_train_state(KEY, MC, cfg, params=params, lora=models.LoraConfig(rank=4))
+  assert state.trainable == "lora"
+  base0, lora0 = host(state.params), host(state.lora.params)
+  batch = make_batch(1, MC, quant.dequantize_params(params))
+  for _ in range(2):  # B = 0 at init: the first step moves B, the second then moves A too
+    state, m = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+  assert float(m["skipped"]) == 0 and float(m["grad_norm"]) > 0
+  assert max_abs_diff(host(state.params), base0) == 0  # the frozen base is bit-identical
+  lora1 = host(state.lora.params)
+  for name in ("q_proj", "o_proj"):
+    for ab in ("a", "b"):
+      assert np.max(np.abs(lora1["layers"]["attn"][name][ab] - lora0["layers"]["attn"][name][ab])) > 0, (name, ab)
+  # The optimizer only holds the adapters' moments.
+  mu = state.opt_state[1][0].mu
+  assert set(mu) == {"policy"} and set(mu["policy"]) == {"layers"}
+
+
+def test_value_head_trains_on_returns_only_and_acrl_reference():
+  """Zero advantages: the policy gradient vanishes (params unchanged); the value head learns, and the
+  reported value loss matches the NumPy pinball + MSE formula (write-up 003). ACRL's X is measured
+  on the first batch: X = mean_b mean_t |π_old − μ| (Fan et al. 2026)."""
+  cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", value_coef=1.0, value_delta_schedule=False,
+                        correction="acrl")
+  state = _state(cfg, value_head=True)
+  batch = make_batch(2, MC, state.params)
+  rng = np.random.default_rng(7)
+  batch = batch.replace(advantages=jnp.zeros((B,), jnp.float32),
+                        returns=jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
+  assert not bool(state.acrl.is_set)
+  values = np.asarray(L.compute_values(state, batch, model_cfg=MC, cfg=cfg), np.float64)
+  p0, v0 = host(state.params), host(state.value_head)
+  state, m = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+  msk = np.asarray(batch.loss_mask, bool)
+  u = np.asarray(batch.returns, np.float64) - values
+  want = 0.7 * np.maximum(0.5 * u, -0.5 * u)[msk].mean() + 0.3 * (u**2)[msk].mean()
+  assert float(m["value/loss"]) == pytest.approx(want, rel=1e-5)
+  assert float(m["loss"]) == pytest.approx(want, rel=1e-5)  # pg term is 0 with A = 0
+  assert max_abs_diff(host(state.params), p0) == 0
+  assert max_abs_diff(host(state.value_head), v0) > 0
+  d = np.abs(np.exp(np.asarray(batch.old_logp, np.float64)) - np.exp(np.asarray(batch.sampler_logp, np.float64)))
+  x = np.mean([d[b][msk[b]].mean() for b in range(B)])
+  assert bool(state.acrl.is_set) and float(state.acrl.x) == pytest.approx(x, rel=1e-5)
+  assert float(m["correction/acrl_x"]) == pytest.approx(x, rel=1e-5)
+
+
+def test_compute_old_logprobs_and_ref():
+  cfg = L.LearnerConfig(compute_dtype="float32", micro_batches=2)
+  state = _state(cfg)
+  batch = make_batch(5, MC, state.params)
+  ref = models.init_params(MC, jax.random.PRNGKey(9))
+  old, ref_lp = L.compute_old_logprobs(state, batch, ref, model_cfg=MC, cfg=cfg)
+  valid = np.asarray(batch.valid)
+  np.testing.assert_allclose(np.asarray(old), _np_logp(host(state.params), batch), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ref_lp), _np_logp(ref, batch), atol=1e-5)
+  assert np.all(np.asarray(old)[~valid] == 0)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(lr=0.0), "lr"),
+    (dict(schedule="cosine"), "total_steps"),
+    (dict(correction="tis", correction_level="geometric"), "correction_level"),
+    (dict(policy_loss="gspo", entropy_coef=0.1), "entropy_coef"),
+    (dict(agg="mean"), "agg"),
+    (dict(qat="int4"), "qat"),
+    (dict(compute_dtype="float16"), "compute_dtype"),
+])
+def test_config_rejects_bad_values(kw, match):
+  with pytest.raises(ValueError, match=match):
+    L.LearnerConfig(**kw)
+
+
+def test_step_rejects_bad_batch():
+  cfg = CFG.replace(micro_batches=3)
+  state = _state(CFG)
+  batch = make_batch(0, MC, state.params)
+  with pytest.raises(ValueError, match="micro_batches=3"):
+    L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+  with pytest.raises(ValueError, match="sampler_logp"):
+    L.train_step(state, batch.replace(sampler_logp=jnp.zeros((B, T + 1))), model_cfg=MC, cfg=CFG)
+  with pytest.raises(ValueError, match="old_logp"):
+    L.train_step(state, batch.replace(old_logp=None), model_cfg=MC, cfg=L.LearnerConfig(correction="mis"))
