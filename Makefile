@@ -20,7 +20,7 @@ $(REF): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,hf,ref]'
 	@touch $@
 
-demo: $(STAMP)  ## the main job on the embedded default
+demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
 test: $(STAMP)  ## the default suite (< 15 min on 2 CPU cores)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -36,10 +37,13 @@ def _bench(args, rest) -> int:
 
 
 _RL_COMMANDS = {"train": "train_main", "eval": "eval_main", "export": "export_main"}
+QUICKSTART = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
+  if argv and argv[0] == "demo":  # the README's main job: the embedded quickstart RL run
+    argv = ["train", str(QUICKSTART), *argv[1:]]
   if argv and argv[0] in _RL_COMMANDS:  # `lrl-jax train configs/x.yaml [key=value ...]` and friends
     from lrl_jax.rl import cli as rl_cli
 
@@ -48,16 +52,15 @@ def main(argv: list[str] | None = None) -> int:
       prog="lrl-jax", description="Low-precision RL for LLMs in JAX.",
       epilog="RL commands: lrl-jax train CONFIG [key=value ...] [--resume] | eval ... | export ... (each has --help)")
   sub = parser.add_subparsers(dest="command", required=True)
-  for name, help_ in (("demo", "the README's main job on the embedded default"),
-                      ("numerics", "error table of every quantization format")):
-    p = sub.add_parser(name, help=help_)
-    p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--repeats", type=int, default=3)
+  sub.add_parser("demo", help="the README's main job: `lrl-jax train configs/quickstart.yaml`")
+  p = sub.add_parser("numerics", help="error table of every quantization format")
+  p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--repeats", type=int, default=3)
   p = sub.add_parser("bench", help="benchmarks: `lrl-jax bench kernels [--quick ...]`")
   p.add_argument("what", choices=["kernels"])
   args, rest = parser.parse_known_args(argv)
-  if args.command in ("demo", "numerics"):
+  if args.command == "numerics":
     if rest:
       parser.error(f"unrecognized arguments: {' '.join(rest)}")
     return _numerics(args)

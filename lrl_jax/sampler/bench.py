@@ -105,8 +105,8 @@ def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
       (f"unquantized learner vs {spec.name} sampler (f32)", "float32", spec, None),
   ]
   print(f"SmolLM2-135M-Instruct, {len(PROMPTS)} prompts, <= {new_tokens} tokens at temperature 1; "
-        f"|pi - mu| over generated tokens")
-  print(f"{'pair':52s} {'mean':>9s} {'p99':>9s} {'max':>9s} {'tokens':>6s}")
+        f"per generated token: |pi - mu| (probabilities) and |log pi - log mu|")
+  print(f"{'pair':52s} {'|p-m| mean':>11s} {'p99':>9s} {'max':>9s} {'|dlog| mean':>12s} {'max':>9s} {'tokens':>6s}")
   for label, dt, fmt, qat in rows:
     cfg = cfg0.replace(dtype=dt)
     served = serve_params(params, fmt, dtype=jnp.dtype(dt))
@@ -115,9 +115,10 @@ def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
     # the learner sees its master weights cast to the compute dtype (QAT quantizes that cast)
     pi = _learner_logprobs(jax.tree_util.tree_map(lambda x: x.astype(dt), params), r, cfg, qat)
     m = r.mask_BT
-    d = jnp.abs(pi - r.logprobs_BT)[m]
-    print(f"{label:52s} {float(d.mean()):9.2e} {float(jnp.quantile(d, 0.99)):9.2e} {float(d.max()):9.2e} "
-          f"{int(m.sum()):6d}", flush=True)
+    dlog = jnp.abs(pi - r.logprobs_BT)[m]
+    d = jnp.abs(jnp.exp(pi) - jnp.exp(r.logprobs_BT))[m]
+    print(f"{label:52s} {float(d.mean()):11.2e} {float(jnp.quantile(d, 0.99)):9.2e} {float(d.max()):9.2e} "
+          f"{float(dlog.mean()):12.2e} {float(dlog.max()):9.2e} {int(m.sum()):6d}", flush=True)
 
 
 def main(argv=None):

@@ -1,0 +1,181 @@
+"""The `lrl-jax train | eval | export` commands (wired into `lrl_jax.cli`).
+
+  lrl-jax train configs/x.yaml [section.key=value ...] [--resume]
+  lrl-jax eval configs/x.yaml [section.key=value ...] [--run DIR] [--compressed DIR]
+  lrl-jax export --format int4|nvfp4 RUN_OR_CKPT OUT_DIR [--group-size G]
+
+Exit codes: 0 success; 2 a config error (the `ConfigError` message, which lists the valid keys or
+choices) or a missing file; 3 the run stopped on non-finite learner steps; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+__all__ = ["train_main", "eval_main", "export_main"]
+
+EXIT_CONFIG = 2
+EXIT_NONFINITE = 3
+
+
+def _load(prog: str, path, overrides):
+  """(Config, None) or (None, exit code) after printing the error."""
+  from lrl_jax.config import ConfigError, load_config
+
+  try:
+    return load_config(path, list(overrides)), None
+  except ConfigError as e:
+    print(f"{prog}: config error: {e}", file=sys.stderr)
+    return None, EXIT_CONFIG
+  except FileNotFoundError as e:
+    print(f"{prog}: {e}", file=sys.stderr)
+    return None, EXIT_CONFIG
+
+
+def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog=prog, description=description)
+  p.add_argument("config", nargs="?", help="YAML config file (configs/*.yaml)")
+  p.add_argument("overrides", nargs="*", metavar="section.key=value", help="overrides, e.g. learner.lr=3e-4")
+  p.add_argument("--help-config", action="store_true", help="list every config key with its type and default")
+  return p
+
+
+def train_main(argv: list[str] | None = None) -> int:
+  """`lrl-jax train CONFIG [section.key=value ...] [--resume] [--no-progress] [--no-export]`."""
+  p = _config_parser("lrl-jax train", "Run an RL job: warm-up, RL steps, evaluation, checkpoints, plots.")
+  p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.out_dir")
+  p.add_argument("--no-progress", action="store_true", help="no progress bars")
+  p.add_argument("--no-export", action="store_true", help="skip the compressed-tensors export at the end")
+  args = p.parse_args(argv)
+  if args.help_config:
+    from lrl_jax.config import describe
+
+    print(describe())
+    return 0
+  if args.config is None:
+    p.error("a config file is required (e.g. configs/quickstart.yaml)")
+  cfg, err = _load("lrl-jax train", args.config, args.overrides)
+  if cfg is None:
+    return err
+  logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+  from lrl_jax.config import ConfigError
+  from lrl_jax.learner import NonFiniteError
+  from lrl_jax.rl.loop import train
+
+  print(f"lrl-jax train {args.config}: model {cfg.model.source}, learner {cfg.quant.learner} / sampler "
+        f"{cfg.quant.sampler}, {cfg.learner.policy_loss} + {cfg.correction.method}; "
+        f"{cfg.run.sft_steps} warm-up + {cfg.run.steps} RL steps -> {cfg.run.out_dir}", flush=True)
+  try:
+    r = train(cfg, resume=args.resume, progress=not args.no_progress, export=not args.no_export)
+  except NonFiniteError as e:
+    print(f"lrl-jax train: stopped: {e}", file=sys.stderr)
+    return EXIT_NONFINITE
+  except ConfigError as e:
+    print(f"lrl-jax train: config error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  if r.accuracy_before is not None and r.accuracy_after is not None:
+    print(f"accuracy before RL {100 * r.accuracy_before:.1f}% -> after RL {100 * r.accuracy_after:.1f}%; "
+          f"mean |π − μ| {r.mismatch_mean:.3g}; outputs in {r.out_dir}", flush=True)
+  return 0
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+  """`lrl-jax eval CONFIG [overrides] [--run DIR] [--compressed DIR] [--size N]`: greedy accuracy of the
+  served weights of a run's latest checkpoint (or of an exported compressed-tensors checkpoint)."""
+  p = _config_parser("lrl-jax eval", "Evaluate a run's latest checkpoint on the task's eval split.")
+  p.add_argument("--run", help="run directory (default: run.out_dir of the config)")
+  p.add_argument("--compressed", help="evaluate this compressed-tensors export instead (served as stored)")
+  p.add_argument("--size", type=int, help="number of eval problems (default task.eval_size)")
+  args = p.parse_args(argv)
+  if args.help_config:
+    from lrl_jax.config import describe
+
+    print(describe())
+    return 0
+  if args.config is None:
+    p.error("a config file is required")
+  cfg, err = _load("lrl-jax eval", args.config, args.overrides)
+  if cfg is None:
+    return err
+  import dataclasses
+
+  from lrl_jax import models
+  from lrl_jax.rl.loop import _served, evaluate, restore_run
+  from lrl_jax.rl.setup import build_model
+
+  lora = None
+  if args.compressed:
+    if not Path(args.compressed).is_dir():
+      print(f"lrl-jax eval: no such directory: {args.compressed}", file=sys.stderr)
+      return EXIT_CONFIG
+    setup = build_model(cfg, init=False)
+    mcfg, served = models.load_compressed_tensors(args.compressed)
+    setup = dataclasses.replace(setup, sampler_cfg=mcfg)
+    what = args.compressed
+  else:
+    run = args.run or cfg.run.out_dir
+    if not (Path(run) / "checkpoints").is_dir():
+      print(f"lrl-jax eval: no checkpoints in {run} (train first, or pass --run DIR)", file=sys.stderr)
+      return EXIT_CONFIG
+    setup, state = restore_run(cfg, out_dir=run)
+    if state is None:
+      print(f"lrl-jax eval: no complete checkpoint in {run}/checkpoints", file=sys.stderr)
+      return EXIT_CONFIG
+    served, lora = _served(state, setup, {})  # as the run's own evaluations serve it
+    what = f"{run} (step {int(state.step)})"
+  ev = evaluate(served, setup, cfg, size=args.size, lora=lora)
+  print(f"{what}: eval accuracy {100 * ev['eval_accuracy']:.1f}% on {args.size or cfg.task.eval_size} problems "
+        f"(reward mean {ev['eval_reward_mean']:.3f}, mean length {ev['eval_response_len']:.1f} tokens, "
+        f"sampler weights {cfg.quant.sampler})")
+  return 0
+
+
+def export_main(argv: list[str] | None = None) -> int:
+  """`lrl-jax export --format int4|nvfp4 RUN_OR_CKPT OUT_DIR`: a run's latest checkpoint as compressed-tensors.
+
+  RUN_OR_CKPT is a run directory (with config.yaml and checkpoints/) or its checkpoints/ directory.
+  """
+  p = argparse.ArgumentParser(prog="lrl-jax export", description="Export a run's weights as compressed-tensors.")
+  p.add_argument("--format", required=True, choices=["int4", "nvfp4"], help="weight format")
+  p.add_argument("--group-size", type=int, default=None, help="INT4 group size (default: the run's quant.group_size)")
+  p.add_argument("ckpt", help="run directory (or its checkpoints/ directory)")
+  p.add_argument("out_dir", help="output directory")
+  args = p.parse_args(argv)
+  run = Path(args.ckpt)
+  if run.name == "checkpoints":
+    run = run.parent
+  if not (run / "config.yaml").is_file():
+    print(f"lrl-jax export: {run} has no config.yaml (pass the run directory `lrl-jax train` wrote)",
+          file=sys.stderr)
+    return EXIT_CONFIG
+  over = [f"run.out_dir={run}"]
+  if args.group_size is not None:
+    over.append(f"quant.group_size={args.group_size}")
+  cfg, err = _load("lrl-jax export", run / "config.yaml", over)
+  if cfg is None:
+    return err
+  import jax
+  import jax.numpy as jnp
+
+  from lrl_jax import models
+  from lrl_jax.rl.loop import restore_run
+  from lrl_jax.rl.sync import merge_lora
+
+  setup, state = restore_run(cfg, out_dir=str(run))
+  if state is None:
+    print(f"lrl-jax export: no complete checkpoint in {run}/checkpoints", file=sys.stderr)
+    return EXIT_CONFIG
+  spec = cfg.quant.spec(args.format)
+  params = merge_lora(state.params, state.lora if state.trainable == "lora" else None)
+  try:
+    path = models.export_compressed_tensors(args.out_dir, setup.model_cfg, jax.device_get(params), spec,
+                                            rules=cfg.quant.rules(spec), dtype=jnp.bfloat16,
+                                            tokenizer=setup.tokenizer)
+  except ValueError as e:
+    print(f"lrl-jax export: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  print(f"exported {run} (step {int(state.step)}) as {args.format} compressed-tensors -> {path}")
+  return 0

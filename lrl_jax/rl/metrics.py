@@ -1,0 +1,180 @@
+"""Run metrics: one JSON line per step (`<out_dir>/metrics.jsonl`), TensorBoard, a progress bar, plots, summary.
+
+Every record is flat: {"step": k, "phase": "rl" | "eval" | "sft", name: float, ...}. TensorBoard
+(`tensorboardX`, optional) gets the same scalars under `<phase>/<name>`; without it the run logs JSONL
+only and warns once. At the end `plot_run` draws reward / accuracy and mismatch vs step (matplotlib,
+Agg backend) and `write_summary` prints a short table and writes `<out_dir>/summary.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+__all__ = ["MetricsLogger", "read_metrics", "plot_run", "summary_table", "write_summary", "smoothness"]
+
+log = logging.getLogger(__name__)
+
+
+def _scalar(v) -> float | int | str | None:
+  if isinstance(v, (str, bool)) or v is None:
+    return v
+  a = np.asarray(v)
+  if a.size != 1:
+    return None
+  x = a.reshape(()).item()
+  return int(x) if isinstance(x, (int, np.integer)) and not isinstance(x, bool) else float(x)
+
+
+class MetricsLogger:
+  """Appends metric records to `<out_dir>/metrics.jsonl` (and TensorBoard when available).
+
+  Args:
+    out_dir: the run directory.
+    tensorboard: write TensorBoard event files under `<out_dir>/tb` (needs tensorboardX; warns if missing).
+    resume_from_step: on a resumed run, drop records of RL steps >= this (they are recomputed) and append.
+  """
+
+  def __init__(self, out_dir: str | os.PathLike, *, tensorboard: bool = True, resume_from_step: int | None = None):
+    self.out_dir = Path(out_dir)
+    self.out_dir.mkdir(parents=True, exist_ok=True)
+    self.path = self.out_dir / "metrics.jsonl"
+    if resume_from_step is None:
+      self.path.write_text("")
+      shutil.rmtree(self.out_dir / "tb", ignore_errors=True)  # a fresh run: no stale event files
+    else:
+      keep = [r for r in read_metrics(self.path) if r.get("phase") in ("sft", "pre") or
+              r.get("step", 0) < resume_from_step]
+      self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    self._f = open(self.path, "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter
+        self._tb = SummaryWriter(str(self.out_dir / "tb"))
+      except ImportError:
+        log.warning("tensorboardX is not installed: metrics go to %s only (pip install tensorboardX)", self.path)
+
+  @property
+  def tensorboard_dir(self) -> Path | None:
+    """Where the TensorBoard event files go, or None (tensorboardX missing or disabled)."""
+    return None if self._tb is None else self.out_dir / "tb"
+
+  def log(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> dict:
+    """Writes one record; non-scalar values are dropped, non-finite floats are written as null."""
+    rec: dict[str, Any] = {"step": int(step), "phase": phase}
+    for k, v in metrics.items():
+      s = _scalar(v)
+      if isinstance(s, float) and not math.isfinite(s):
+        rec[k] = None
+      elif s is not None:
+        rec[k] = s
+    self._f.write(json.dumps(rec) + "\n")
+    self._f.flush()
+    if self._tb is not None:
+      for k, v in rec.items():
+        if k not in ("step", "phase") and isinstance(v, (int, float)) and not isinstance(v, bool):
+          self._tb.add_scalar(f"{phase}/{k}", v, step)
+    return rec
+
+  def close(self) -> None:
+    self._f.close()
+    if self._tb is not None:
+      self._tb.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+  """The records of a metrics.jsonl file ([] if it does not exist)."""
+  p = Path(path)
+  if not p.is_file():
+    return []
+  return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _series(records: Iterable[dict], phase: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+  pts = [(r["step"], r[key]) for r in records if r.get("phase") == phase and r.get(key) is not None]
+  if not pts:
+    return np.zeros(0), np.zeros(0)
+  s, v = zip(*pts)
+  return np.asarray(s, float), np.asarray(v, float)
+
+
+def smoothness(values) -> float:
+  """Std of the step-to-step change of a curve (lower = smoother); nan for fewer than 3 points."""
+  v = np.asarray(values, np.float64)
+  v = v[np.isfinite(v)]
+  return float(np.std(np.diff(v))) if v.size >= 3 else float("nan")
+
+
+def plot_run(out_dir: str | os.PathLike, records: list[dict] | None = None) -> list[Path]:
+  """PNG plots of a run: reward & accuracy vs step, mismatch vs step. Returns the written paths ([] if
+  matplotlib is missing)."""
+  out_dir = Path(out_dir)
+  records = read_metrics(out_dir / "metrics.jsonl") if records is None else records
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    log.warning("matplotlib is not installed: no plots")
+    return []
+  paths = []
+  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  s, r = _series(records, "rl", "reward_mean")
+  ax.plot(s, r, label="train reward (mean)", color="tab:blue", alpha=0.8)
+  s, a = _series(records, "eval", "eval_accuracy")
+  ax.plot(s, a, "o-", label="eval accuracy (greedy, served weights)", color="tab:orange")
+  ax.set_xlabel("RL step")
+  ax.set_ylim(-0.02, 1.02)
+  ax.grid(alpha=0.3)
+  ax.legend(loc="lower right")
+  ax.set_title("reward and accuracy")
+  fig.tight_layout()
+  paths.append(out_dir / "reward.png")
+  fig.savefig(paths[-1], dpi=100)
+  plt.close(fig)
+
+  fig, ax = plt.subplots(figsize=(6.4, 4.0))
+  for key, label in (("mismatch/prob_abs_diff_mean", "mean |π − μ|"), ("mismatch/kl_k3", "KL(μ‖π) k3"),
+                     ("correction/acrl_y", "ACRL Y"), ("correction/acrl_x", "ACRL X")):
+    s, v = _series(records, "rl", key)
+    if s.size:
+      ax.plot(s, np.maximum(v, 1e-16), label=label)  # log axis: exact zeros drawn at 1e-16
+  ax.set_xlabel("RL step")
+  ax.set_yscale("log")
+  ax.grid(alpha=0.3)
+  ax.legend(loc="upper right")
+  ax.set_title("train-inference mismatch (learner π vs sampler μ)")
+  fig.tight_layout()
+  paths.append(out_dir / "mismatch.png")
+  fig.savefig(paths[-1], dpi=100)
+  plt.close(fig)
+  return paths
+
+
+def summary_table(rows: list[tuple[str, str]]) -> str:
+  """A two-column Markdown table."""
+  w = max(len(k) for k, _ in rows)
+  out = [f"| {'':<{w}} | value |", f"|{'-' * (w + 2)}|-------|"]
+  out += [f"| {k:<{w}} | {v} |" for k, v in rows]
+  return "\n".join(out)
+
+
+def write_summary(out_dir: str | os.PathLike, title: str, rows: list[tuple[str, str]]) -> str:
+  """Writes `<out_dir>/summary.md` (title + table) and returns its text."""
+  text = f"# {title}\n\n{summary_table(rows)}\n"
+  Path(out_dir, "summary.md").write_text(text, encoding="utf-8")
+  return text

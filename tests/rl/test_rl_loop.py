@@ -1,0 +1,261 @@
+"""End-to-end checks of the RL loop on the tiny model: metrics, resume, reward failures, NaN guard, CLI."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lrl_jax import learner as L
+from lrl_jax import models, quant
+from lrl_jax.config import load_config
+from lrl_jax.rl import cli, loop, read_metrics, train
+
+QS = "configs/quickstart.yaml"
+# A few-step run: 4 prompts x G=4, short warm-up, small eval set, single-device learner.
+SMALL = ["run.sft_steps=3", "run.sft_batch=16", "run.batch_prompts=4", "task.eval_size=16", "run.eval_every=2",
+         "learner.mesh=[1,1,1]", "learner.lr=3e-4"]
+
+RL_KEYS = ["reward_mean", "reward_std", "accuracy", "response_len", "entropy", "clip_frac_low", "clip_frac_high",
+           "loss", "grad_norm", "mismatch/prob_abs_diff_mean", "mismatch/prob_abs_diff_max", "mismatch/kl_k1",
+           "mismatch/kl_k3", "mismatch/log_abs_diff_mean", "time/generate_s", "time/reward_s", "time/learner_s",
+           "time/sync_s", "tokens_per_s", "reward_failed"]
+
+
+def _cfg(tmp_path, name, *extra):
+  return load_config(QS, SMALL + [f"run.out_dir={tmp_path / name}", *extra])
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("rl")
+  cfg = _cfg(tmp, "run", "run.steps=3")
+  return cfg, train(cfg, progress=False)
+
+
+def test_end_to_end_run_writes_finite_metrics_and_outputs(e2e):
+  cfg, r = e2e
+  recs = read_metrics(r.paths["metrics"])
+  rl = [x for x in recs if x["phase"] == "rl"]
+  assert [x["step"] for x in rl] == [0, 1, 2] and r.steps == 3
+  for rec in rl:
+    for k in RL_KEYS:
+      assert k in rec and rec[k] is not None and math.isfinite(rec[k]), (k, rec.get(k))
+    # accuracy and reward agree with each other (0/1 rewards): both are the fraction of correct answers
+    assert rec["accuracy"] == pytest.approx(rec["reward_mean"])
+    assert 0 <= rec["mismatch/prob_abs_diff_mean"] <= rec["mismatch/prob_abs_diff_max"] <= 1
+  evals = [x for x in recs if x["phase"] == "eval"]
+  assert [x["step"] for x in evals] == [0, 2, 3]
+  assert r.accuracy_before == evals[0]["eval_accuracy"] and r.accuracy_after == evals[-1]["eval_accuracy"]
+  out = r.out_dir
+  for f in ("summary.md", "reward.png", "mismatch.png", "config.yaml", "export_int4/config.json"):
+    assert (out / f).is_file(), f
+  assert L.Checkpointer(out / "checkpoints").latest_step() == 3  # K = 1 update per RL step
+  # INT4 QAT learner + INT4 sampler, both in f32: π and μ share their weights; only op order differs.
+  assert r.mismatch_mean < 1e-4
+
+
+def test_exported_int4_checkpoint_holds_the_final_weights(e2e):
+  cfg, r = e2e
+  setup, state = loop.restore_run(cfg)
+  mcfg, loaded = models.load_compressed_tensors(r.out_dir / "export_int4")
+  w = state.params["layers"]["mlp"]["down_proj"]["kernel"]
+  want = quant.dequantize(quant.quantize(w.astype(jnp.bfloat16), quant.Int4(group_size=32), axis=-2), jnp.float32)
+  got = quant.dequantize(loaded["layers"]["mlp"]["down_proj"]["kernel"], jnp.float32)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert mcfg.arch == "qwen2" and mcfg.vocab_size == 20
+
+
+def test_cli_eval_and_export(e2e, tmp_path, capsys):
+  cfg, r = e2e
+  over = SMALL + [f"run.out_dir={r.out_dir}"]
+  assert cli.eval_main([QS, *over]) == 0
+  out = capsys.readouterr().out
+  assert f"eval accuracy {100 * r.accuracy_after:.1f}%" in out
+  assert cli.export_main(["--format", "nvfp4", str(r.out_dir), str(tmp_path / "nv")]) == 0
+  _, loaded = models.load_compressed_tensors(tmp_path / "nv")
+  assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"], quant.QArray)
+  assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"].spec, quant.NVFP4)
+
+
+def test_resume_gives_the_same_next_step_metrics(tmp_path):
+  full = train(_cfg(tmp_path, "a", "run.steps=4", "run.ckpt_every=2"), progress=False, export=False)
+  cfg_b = _cfg(tmp_path, "b", "run.steps=4", "run.ckpt_every=2")
+  with pytest.raises(KeyboardInterrupt):
+    train(cfg_b, progress=False, export=False, _fail_after=2)  # dies before step 2; checkpoint at step 2
+  resumed = train(cfg_b, resume=True, progress=False, export=False)
+  a = {x["step"]: x for x in full.records}
+  b = {x["step"]: x for x in resumed.records}
+  assert sorted(b) == [2, 3]
+  for k in (2, 3):
+    for key in ("loss", "reward_mean", "grad_norm", "mismatch/prob_abs_diff_mean", "entropy"):
+      assert b[k][key] == pytest.approx(a[k][key], rel=1e-6, abs=1e-9), (k, key)
+  assert resumed.accuracy_after == full.accuracy_after
+  assert resumed.accuracy_before == full.accuracy_before  # read back from the run directory
+  rl = [x["step"] for x in read_metrics(tmp_path / "b" / "metrics.jsonl") if x["phase"] == "rl"]
+  assert rl == [0, 1, 2, 3]
+
+
+class _Broken:
+  """A task wrapper whose reward raises on every completion of odd length."""
+
+  def __init__(self, task):
+    self._task = task
+    self.calls = []
+
+  def __getattr__(self, name):
+    return getattr(self._task, name)
+
+  def reward(self, completion, reference):
+    self.calls.append(completion)
+    if len(completion) % 2:
+      raise RuntimeError("verifier crashed")
+    return self._task.reward(completion, reference)
+
+  def score(self, completions, references, *, timeout_s=1.0):
+    from lrl_jax.tasks import score_batch
+    return score_batch(self, completions, references, timeout_s=timeout_s)
+
+
+def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
+  broken = {}
+  real = loop.build_model
+
+  def build(cfg, **kw):
+    s = real(cfg, **kw)
+    broken["task"] = _Broken(s.task)
+    import dataclasses
+    return dataclasses.replace(s, task=broken["task"])
+
+  monkeypatch.setattr(loop, "build_model", build)
+  r = train(_cfg(tmp_path, "broken", "run.steps=2", "run.eval_every=0"), progress=False, export=False)
+  assert r.steps == 2
+  calls = broken["task"].calls  # eval (16) + 2 steps x 16 rollouts + final eval (16), in order
+  assert len(calls) == 16 + 32 + 16
+  for k, rec in enumerate(r.records):
+    batch = calls[16 + 16 * k: 32 + 16 * k]
+    assert rec["reward_failed"] == sum(len(c) % 2 for c in batch)
+  assert r.reward_failures == sum(len(c) % 2 for c in calls[16:48])
+
+
+def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+  cfg = _cfg(tmp_path, "nan", "run.steps=6", "run.ckpt_every=1", "run.max_nonfinite_steps=2", "run.eval_every=0")
+  real = loop.group_advantages
+
+  def poisoned(rewards, cfg_):
+    adv = real(rewards, cfg_)
+    poisoned.calls += 1
+    return adv * np.nan if poisoned.calls > 2 else adv  # steps 2, 3, ... give NaN advantages
+
+  poisoned.calls = 0
+  monkeypatch.setattr(loop, "group_advantages", poisoned)
+  with pytest.raises(L.NonFiniteError, match="2 consecutive"):
+    train(cfg, progress=False, export=False)
+  ck = L.Checkpointer(tmp_path / "nan" / "checkpoints")
+  assert ck.latest_step() == 3  # steps 0, 1 applied; step 2 skipped (saved, unchanged); step 3 raised
+  state = loop.restore_run(cfg)[1]
+  assert int(state.skipped) == 1
+  assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(state.params))
+  rl = [x for x in read_metrics(tmp_path / "nan" / "metrics.jsonl") if x["phase"] == "rl"]
+  assert [x["skipped"] for x in rl] == [0.0, 0.0, 1.0]
+
+
+def test_off_policy_generates_with_the_previous_weights(tmp_path):
+  # format_reward: well-formed wrong answers score 0.5, so that even the barely warmed-up model gets
+  # non-zero advantages and its weights move between steps.
+  r = train(_cfg(tmp_path, "off", "run.steps=3", "run.off_policy=true", "run.eval_every=0", "task.format_reward=0.5"),
+            progress=False, export=False)
+  assert [x["policy_lag"] for x in r.records] == [0, 1, 1]
+  # one-step-stale μ: the mismatch is the size of one update, far above the QAT round-off of step 0
+  assert r.records[1]["mismatch/prob_abs_diff_mean"] > 100 * max(r.records[0]["mismatch/prob_abs_diff_mean"], 1e-9)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("learner.lrr=1", "valid keys in learner"),
+    ("run.steps=abc", "run.steps='abc' must be an int"),
+    ("quant.sampler=int3", "one of bf16, int4, fp8, nvfp4, mxfp8"),
+    ("correction.clip_c=0.5", "LearnerConfig.clip_c must be a number > 1"),  # rejected by the learner
+])
+def test_cli_config_errors_exit_2_with_the_valid_choices(override, message, capsys):
+  assert cli.train_main([QS, override]) == 2
+  err = capsys.readouterr().err
+  assert "config error" in err and message in err
+
+
+def test_cli_missing_config_file_exits_2(capsys, tmp_path):
+  assert cli.train_main([str(tmp_path / "nope.yaml")]) == 2
+  assert "not found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sharded_learner_mesh_runs_the_loop(tmp_path):
+  """The default mesh (-1, 1, 1) on the 8 simulated devices: data-parallel learner, same loop."""
+  cfg = load_config(QS, [x for x in SMALL if not x.startswith("learner.mesh")] +
+                    [f"run.out_dir={tmp_path / 'mesh'}", "run.steps=2", "run.eval_every=0"])
+  assert jax.device_count() == 8
+  r = train(cfg, progress=False, export=False)
+  assert r.steps == 2 and r.mismatch_mean < 1e-4
+  single = train(_cfg(tmp_path, "single", "run.steps=2", "run.eval_every=0"), progress=False, export=False)
+  for a, b in zip(r.records, single.records):
+    assert a["reward_mean"] == b["reward_mean"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.slow
+def test_minibatches_corrections_kl_and_ppo_paths(tmp_path):
+  """K = 2 minibatches x 2 micro-batches with TIS and a KL reference; then PPO + QAE (critic, GAE)."""
+  r = train(_cfg(tmp_path, "mb", "run.steps=2", "run.eval_every=0", "learner.minibatches=2",
+                 "learner.micro_batches=2", "correction.method=tis", "learner.kl_coef=0.01",
+                 "task.format_reward=0.5"), progress=False, export=False)
+  for rec in r.records:
+    for k in ("correction/weight_mean", "kl_ref", "mismatch/prob_abs_diff_mean", "loss"):
+      assert rec[k] is not None and math.isfinite(rec[k]), k
+  assert L.Checkpointer(r.out_dir / "checkpoints").latest_step() == 4  # 2 updates per RL step
+  cfg = load_config("configs/ppo_qae.yaml", SMALL + [f"run.out_dir={tmp_path / 'ppo'}", "run.steps=2",
+                                                     "run.eval_every=0", "task.format_reward=0.5"])
+  r = train(cfg, progress=False, export=False)
+  for rec in r.records:
+    assert math.isfinite(rec["value/loss"]) and math.isfinite(rec["loss"])
+
+
+def _char_hf_checkpoint(path):
+  """A tiny Qwen2 HF checkpoint with a character-level `tokenizers` tokenizer (EOS <|im_end|>)."""
+  import tokenizers
+  from tokenizers import Regex, decoders, pre_tokenizers
+  from tokenizers import models as tm
+
+  chars = "0123456789+-*=x; "
+  vocab = {"<pad>": 0, "<|im_end|>": 1, "<unk>": 2, **{c: 3 + i for i, c in enumerate(chars)}}
+  backend = tokenizers.Tokenizer(tm.WordLevel(vocab, unk_token="<unk>"))
+  backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+  backend.decoder = decoders.Fuse()
+  backend.add_special_tokens(["<pad>", "<|im_end|>"])
+  mcfg = models.ModelConfig(arch="qwen2", vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
+                            num_layers=2, num_heads=4, num_kv_heads=2, tie_word_embeddings=True)
+  params = models.init_params(mcfg, jax.random.PRNGKey(0))
+  tok = models.Tokenizer(backend=backend, eos_ids=(1,), pad_id=0)
+  return models.save_hf(path, mcfg, params, tokenizer=tok)
+
+
+@pytest.mark.slow
+def test_hf_checkpoint_source_runs_the_loop(tmp_path):
+  """model.source=hf:<dir>: the model, its tokenizer and a plain-text task encoder come from the directory."""
+  d = _char_hf_checkpoint(tmp_path / "hf")
+  cfg = load_config(QS, SMALL + [f"model.source=hf:{d}", f"run.out_dir={tmp_path / 'run'}", "run.steps=2",
+                                 "run.eval_every=0", "task.format_reward=0.5"])
+  r = train(cfg, progress=False)
+  assert r.steps == 2 and all(math.isfinite(x["loss"]) for x in r.records)
+  assert (r.out_dir / "export_int4" / "tokenizer.json").is_file()
+  _, loaded = models.load_compressed_tensors(r.out_dir / "export_int4")
+  assert loaded["embed"]["embedding"].shape == (20, 64)
+
+
+def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
+  cfg = _cfg(tmp_path, "again", "run.steps=2", "run.ckpt_every=1", "run.eval_every=0")
+  train(cfg, progress=False, export=False)
+  assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [1, 2]
+  r = train(load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", "run.steps=1", "run.eval_every=0"]),
+            progress=False, export=False)
+  assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [1]
+  assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0]

@@ -1,0 +1,257 @@
+"""Unit checks of lrl_jax.rl: weight sync against the quantization contract, the buffer, GAE, advantages."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from lrl_jax import models, quant
+from lrl_jax.config import load_config
+from lrl_jax.quant.rules import path_str
+from lrl_jax.rl import (OffPolicyQueue, RolloutBatch, RolloutBuffer, gae_for_rollouts, group_advantages, merge_lora,
+                        sync, sync_spec)
+
+QS = "configs/quickstart.yaml"
+
+
+def _params(hidden=64, inter=128, seed=0):
+  cfg = models.ModelConfig(arch="qwen2", vocab_size=20, hidden_size=hidden, intermediate_size=inter, num_layers=2,
+                           num_heads=4, num_kv_heads=2, tie_word_embeddings=True)
+  return cfg, models.init_params(cfg, jax.random.PRNGKey(seed), std=0.5)
+
+
+def _flat(tree):
+  return {path_str(kp): x for kp, x in jax.tree_util.tree_leaves_with_path(
+      tree, is_leaf=lambda x: isinstance(x, quant.QArray))}
+
+
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _is_proj(path):
+  return path.endswith("/kernel") and any(f"/{p}/" in path for p in PROJ)
+
+
+@pytest.mark.parametrize("fmt,dtype", [("int4", "float32"), ("int4", "bfloat16"), ("fp8", "float32"),
+                                       ("nvfp4", "float32"), ("mxfp8", "bfloat16")])
+def test_sync_serves_quantize_of_the_learner_params(fmt, dtype):
+  _, params = _params()
+  cfg = load_config(QS, [f"quant.sampler={fmt}", "quant.learner=none", f"sampler.dtype={dtype}"])
+  served = _flat(sync(params, cfg))
+  ref = _flat(params)
+  spec = cfg.quant.sampler_spec
+  assert set(served) == set(ref)
+  n_q = 0
+  for p, w in ref.items():
+    s = served[p]
+    w_cast = jnp.asarray(w).astype(dtype)
+    if _is_proj(p):
+      n_q += 1
+      assert isinstance(s, quant.QArray), p
+      q = quant.quantize(w_cast, spec, axis=-2)
+      np.testing.assert_array_equal(np.asarray(s.codes), np.asarray(q.codes), err_msg=p)
+      np.testing.assert_array_equal(np.asarray(s.scale).astype(np.float32), np.asarray(q.scale).astype(np.float32))
+    else:
+      assert not isinstance(s, quant.QArray), p
+      assert s.dtype == jnp.dtype(dtype)
+      np.testing.assert_array_equal(np.asarray(s).astype(np.float32), np.asarray(w_cast).astype(np.float32))
+  assert n_q == 7
+
+
+def test_sync_int4_matches_a_float64_reference_of_the_contract():
+  """ŵ = q·s, s = bf16(max(amax_group/7, 1e-5)), q = clip(round_half_even(w/s), −7, 7), groups of 32 along K."""
+  _, params = _params()
+  cfg = load_config(QS, ["sampler.dtype=float32"])
+  assert cfg.quant.sampler == "int4" and cfg.quant.group_size == 32
+  served = _flat(sync(params, cfg))
+  for p, w in _flat(params).items():
+    if not _is_proj(p):
+      continue
+    w = np.asarray(w, np.float64)  # [L, K, N]
+    L_, K, N = w.shape
+    g = w.reshape(L_, K // 32, 32, N)
+    s = np.maximum(np.abs(g).max(axis=2, keepdims=True) / 7, 1e-5)
+    s = s.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    q = np.clip(np.round(g / s), -7, 7)  # np.round is round-half-even
+    want = (q * s).reshape(L_, K, N)
+    got = np.asarray(quant.dequantize(served[p], jnp.float32), np.float64)
+    np.testing.assert_array_equal(got, want, err_msg=p)
+
+
+def test_sync_bf16_arm_is_a_plain_cast():
+  _, params = _params()
+  cfg = load_config("configs/bf16_baseline.yaml")
+  spec = sync_spec(cfg)
+  assert spec.rules is None and spec.dtype == jnp.bfloat16
+  served = _flat(sync(params, cfg))
+  for p, w in _flat(params).items():
+    assert served[p].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(served[p]).astype(np.float32),
+                                  np.asarray(w).astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_merge_lora_adds_the_scaled_low_rank_product():
+  mcfg, params = _params()
+  lcfg = models.LoraConfig(rank=4, alpha=8.0)
+  lora = models.init_lora(mcfg, lcfg, jax.random.PRNGKey(1))
+  lora = models.Lora(params=jax.tree_util.tree_map(lambda x: x + 0.1, lora.params), config=lcfg)  # B != 0
+  merged = merge_lora(params, lora)
+  a = np.asarray(lora.params["layers"]["attn"]["q_proj"]["a"], np.float64)
+  b = np.asarray(lora.params["layers"]["attn"]["q_proj"]["b"], np.float64)
+  w = np.asarray(params["layers"]["attn"]["q_proj"]["kernel"], np.float64)
+  want = w + 2.0 * np.einsum("lkr,lrn->lkn", a, b)
+  np.testing.assert_allclose(np.asarray(merged["layers"]["attn"]["q_proj"]["kernel"]), want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(merged["embed"]["embedding"]), np.asarray(params["embed"]["embedding"]))
+
+
+def _rollouts(B=8, T=6, seed=0):
+  rng = np.random.default_rng(seed)
+  mask = np.zeros((B, T), bool)
+  mask[:, 3:] = True
+  return RolloutBatch(tokens=rng.integers(0, 20, (B, T)), valid=np.ones((B, T), bool), mask=mask,
+                      sampler_logp=-rng.random((B, T)) * mask, rewards=rng.integers(0, 2, B).astype(np.float32),
+                      step=3)
+
+
+def test_buffer_minibatches_partition_the_rows():
+  rb = _rollouts()
+  rb.set(advantages=np.arange(8, dtype=np.float32))
+  buf = RolloutBuffer(minibatches=2, seed=0)
+  buf.put(rb)
+  rows = buf.minibatch_rows()
+  assert len(rows) == 2 and all(len(r) == 4 for r in rows)
+  assert sorted(np.concatenate(rows).tolist()) == list(range(8))
+  for r, mb in zip(rows, buf.minibatches_iter()):
+    np.testing.assert_array_equal(np.asarray(mb.advantages), r.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(mb.tokens), rb.tokens[r])
+  full = buf.full_batch()
+  assert full.tokens.shape == (8, 6) and full.old_logp is None
+
+
+def test_buffer_rejects_bad_shapes():
+  rb = _rollouts()
+  with pytest.raises(ValueError, match="advantages"):
+    rb.set(advantages=np.zeros(5))
+  with pytest.raises(ValueError, match="not set"):
+    rb.to_batch()
+  with pytest.raises(ValueError, match="rewards"):
+    RolloutBatch(tokens=rb.tokens, valid=rb.valid, mask=rb.mask, sampler_logp=rb.sampler_logp, rewards=np.zeros(3))
+  with pytest.raises(ValueError, match="minibatches"):
+    RolloutBuffer(minibatches=3).put(rb.set(advantages=np.zeros(8)))
+
+
+def test_off_policy_queue_hands_out_the_previous_sync():
+  q = OffPolicyQueue()
+  assert q.swap("w0", 0) == ("w0", 0)
+  assert q.swap("w1", 1) == ("w0", 0)
+  assert q.swap("w2", 2) == ("w1", 1)
+
+
+def test_group_advantages_match_numpy():
+  cfg = load_config(QS)
+  r = np.array([1, 0, 0, 1, 1, 1, 1, 0], np.float32)
+  got = group_advantages(r, cfg)
+  g = r.reshape(2, 4).astype(np.float64)
+  want = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-6)
+  cfg = load_config(QS, ["learner.advantage=rloo"])
+  want = np.array([[gi - (g[b].sum() - gi) / 3 for gi in g[b]] for b in range(2)]).reshape(-1)
+  np.testing.assert_allclose(group_advantages(r, cfg), want, rtol=1e-6, atol=1e-6)
+
+
+def test_gae_for_rollouts_matches_a_float64_reference():
+  """Left-padded prompt (2 pad + 2 prompt), 3 generated tokens then padding; V(s_t) = head at t − 1."""
+  cfg = load_config("configs/ppo_baseline.yaml", ["value.lam=0.9", "value.gamma=0.95"])
+  B, T = 2, 8
+  valid = np.zeros((B, T), bool)
+  valid[:, 2:7] = True
+  valid[1, 6] = False  # row 1 generates 2 tokens
+  mask = valid.copy()
+  mask[:, :4] = False
+  rng = np.random.default_rng(0)
+  values = rng.normal(size=(B, T)).astype(np.float32)
+  rewards = np.array([1.0, 0.0], np.float32)
+  adv, targets = gae_for_rollouts(values, rewards, valid, mask, cfg)
+  raw = np.zeros((B, T))
+  ret = np.zeros((B, T))
+  for b in range(B):
+    ts = np.nonzero(mask[b])[0]
+    v = np.array([values[b, t - 1] for t in ts], np.float64)  # predictor of token t is t − 1
+    r = np.zeros(len(ts))
+    r[-1] = rewards[b]
+    a, nxt_v, nxt_a = np.zeros(len(ts)), 0.0, 0.0
+    for i in reversed(range(len(ts))):
+      delta = r[i] + 0.95 * nxt_v - v[i]
+      a[i] = delta + 0.95 * 0.9 * nxt_a
+      nxt_v, nxt_a = v[i], a[i]
+    raw[b, ts] = a
+    ret[b, ts] = a + v
+  sel = raw[mask]
+  want = np.where(mask, (raw - sel.mean()) / (sel.std() + 1e-8), 0)
+  np.testing.assert_allclose(adv, want, rtol=1e-4, atol=1e-5)
+  want_t = np.zeros((B, T))
+  want_t[:, :-1] = ret[:, 1:] * mask[:, 1:]
+  np.testing.assert_allclose(targets, want_t * mask, rtol=1e-5, atol=1e-6)
+
+
+def test_step_mismatch_is_pi_old_vs_mu_on_the_batch():
+  from lrl_jax.rl.loop import _mismatch
+  rng = np.random.default_rng(0)
+  old = -rng.random((4, 6)).astype(np.float32)
+  mu = (old + 0.1 * rng.normal(size=(4, 6))).astype(np.float32)
+  mask = rng.random((4, 6)) < 0.7
+  got = _mismatch(old, mu, mask)
+  d = np.abs(np.exp(old.astype(np.float64)) - np.exp(mu.astype(np.float64)))[mask]
+  lr = (old.astype(np.float64) - mu)[mask]
+  assert float(got["prob_abs_diff_mean"]) == pytest.approx(d.mean(), rel=1e-5)
+  assert float(got["prob_abs_diff_max"]) == pytest.approx(d.max(), rel=1e-5)
+  assert float(got["kl_k3"]) == pytest.approx(np.mean(np.expm1(lr) - lr), rel=1e-4)
+
+
+def test_qae_delta_scale_follows_the_config_boundaries():
+  from lrl_jax.rl.setup import delta_scale
+  cfg = load_config("configs/ppo_qae.yaml")  # boundaries [20, 40], schedule step
+  assert [delta_scale(cfg, k) for k in (0, 19, 20, 39, 40, 100)] == [3, 3, 2, 2, 1, 1]
+  assert delta_scale(load_config("configs/ppo_qae.yaml", ["value.schedule=constant"]), 0) == 1
+  assert delta_scale(load_config("configs/ppo_baseline.yaml"), 0) == 1  # unquantized critic
+
+
+def test_results_render_tables_and_claims():
+  from lrl_jax.rl.experiments import RunSummary, render
+  nan = float("nan")
+  runs = [RunSummary(arm="bf16", seed=s, accuracy_before=0.5, accuracy_after=a, smoothness=0.1, mismatch_mean=3e-3,
+                     kl_k3_mean=1e-5, acrl_x=nan, acrl_y_mean=nan, reward_first=0.4, reward_last=0.5, wall_s=1.0)
+          for s, a in ((0, 0.60), (1, 0.70))]
+  runs += [RunSummary(arm="int4_qat", seed=s, accuracy_before=0.5, accuracy_after=0.655, smoothness=0.1,
+                      mismatch_mean=3e-7, kl_k3_mean=1e-13, acrl_x=nan, acrl_y_mean=nan, reward_first=0.4,
+                      reward_last=0.5, wall_s=1.0) for s in (0, 1)]
+  runs += [RunSummary(arm="int4_no_qat", seed=0, accuracy_before=0.5, accuracy_after=0.6, smoothness=0.1,
+                      mismatch_mean=3e-2, kl_k3_mean=1e-3, acrl_x=nan, acrl_y_mean=nan, reward_first=0.4,
+                      reward_last=0.5, wall_s=1.0)]
+  text = render(runs, command="python scripts/results.py --seeds 2", steps=5, sft_steps=3, seeds=[0, 1],
+                reduced=True, date="today")
+  assert "Reduced run" in text and "python scripts/results.py --seeds 2" in text
+  # bf16 final accuracy: mean 65.0, sample std 7.1 (np.std(ddof=1) of 60, 70); gain 15.0 ± 7.1
+  assert "| bf16 rollouts (baseline) | 50.0 ± 0.0 | 65.0 ± 7.1 | 15.0 ± 7.1 |" in text
+  assert "INT4 QAT final accuracy vs bf16: +0.5 points" in text and "holds here" in text
+  assert "1e+05x that of INT4 QAT" in text  # 3e-2 / 3e-7
+
+
+def test_sync_reshards_onto_the_sampler_mesh():
+  from jax.sharding import AxisType, NamedSharding
+  _, params = _params()
+  cfg = load_config(QS)
+  mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:8])
+  timings = {}
+  served = _flat(sync(params, cfg, mesh=mesh, timings=timings))
+  plain = _flat(sync(params, cfg))
+  assert timings["sync_s"] > 0
+  q = served["layers/mlp/up_proj/kernel"]  # [L, D, F]: F (mlp) over `tensor`
+  assert isinstance(q.codes.sharding, NamedSharding) and q.codes.sharding.mesh.shape == mesh.shape
+  assert q.codes.sharding.spec[-1] == "tensor"
+  for p in plain:
+    a, b = served[p], plain[p]
+    if isinstance(a, quant.QArray):
+      a, b = a.codes, b.codes
+    np.testing.assert_array_equal(np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32))
