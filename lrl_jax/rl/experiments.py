@@ -172,8 +172,8 @@ def render(runs: list[RunSummary], *, command: str, steps: int, sft_steps: int, 
   if "nvfp4_lora" in arms and "bf16" in arms:
     rel = acc("nvfp4_lora") / max(acc("bf16"), 1e-12)
     checks.append(f"- NVFP4 + LoRA reaches {100 * rel:.0f}% of bf16's final accuracy (claim: >= 98%) — "
-                  f"{'holds' if rel >= 0.98 else 'does not hold'} here. (The sampler has no LoRA path: it serves "
-                  "NVFP4(W + αAB/r), so its mismatch includes the re-quantization of the merged weights.)")
+                  f"{'holds' if rel >= 0.98 else 'does not hold'} here. (The sampler serves the frozen NVFP4 base "
+                  "plus the float adapters, as the learner computes π.)")
   if "ppo" in arms and "ppo_qae" in arms:
     sm = lambda a: _arm_mean(runs, a, "smoothness")
     checks.append(f"- PPO + QAE vs PPO: final accuracy {100 * acc('ppo_qae'):.1f}% vs {100 * acc('ppo'):.1f}%, "

@@ -83,14 +83,14 @@ def _is_eos(tok, sampling: SamplingConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "cache_dtype", "act_spec"))
-def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_dtype, act_spec):
+def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_dtype, act_spec, lora):
   B, P = prompts_BP.shape
   N = sampling.max_new_tokens
   cache = init_cache(cfg, B, P + N, cache_dtype)
 
   # Prefill: the whole prompt in one pass; logits only at each row's last valid token.
   h_BPD, cache = forward_hidden(params, prompts_BP, cfg, valid_BT=prompt_valid_BP, cache=cache, cache_index=0,
-                                act_spec=act_spec)
+                                act_spec=act_spec, lora=lora)
   last_B = P - 1 - jnp.argmax(prompt_valid_BP[:, ::-1], axis=1)
   h_BD = jnp.take_along_axis(h_BPD, last_B[:, None, None], axis=1)[:, 0]
   logits_BV = logits_from_hidden(params, h_BD, cfg)
@@ -110,7 +110,7 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
   def body(c):
     t, cache, prev_B, toks_BN, lps_BN, mask_BN, done_B = c
     h, cache = forward_hidden(params, prev_B[:, None], cfg, positions_BT=(pos_B + t - 1)[:, None],
-                              cache=cache, cache_index=P + t - 1, act_spec=act_spec)
+                              cache=cache, cache_index=P + t - 1, act_spec=act_spec, lora=lora)
     logits_BV = logits_from_hidden(params, h[:, 0], cfg)
     tok_B, lp_B = sample_tokens(logits_BV, step_keys(t), sampling)
     active_B = ~done_B
@@ -137,7 +137,7 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
 
 
 def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: SamplingConfig, key,
-             *, cache_dtype=jnp.bfloat16, act_spec=None) -> Rollout:
+             *, cache_dtype=jnp.bfloat16, act_spec=None, lora=None) -> Rollout:
   """Samples up to `sampling.max_new_tokens` tokens after each prompt.
 
   Args:
@@ -152,6 +152,8 @@ def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: Sa
       (per-(token, head) scales).
     act_spec: `quant.FP8(granularity="token")` serves W8A8 (FP8 weights from `serve_params` plus
       per-token FP8 activations, dynamic scales), or None (weight-only).
+    lora: `models.Lora` adapters applied over the (possibly low-bit) served base, as the learner
+      computes π in LoRA-only training (QeRL: frozen NVFP4 base + float adapters), or None.
 
   Returns:
     A `Rollout` with T = P + max_new_tokens.
@@ -168,4 +170,5 @@ def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: Sa
     rows = [int(i) for i in jnp.nonzero(~jnp.any(prompt_valid_BP, axis=1))[0]]
     raise ValueError(f"prompt rows {rows} have no valid token")
   keys_B = row_keys(key, prompts_BP.shape[0])
-  return _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec)
+  return _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec,
+                   lora)

@@ -228,3 +228,23 @@ def test_bad_input_is_named():
     sampler.generate({}, toks, valid, CFG, GREEDY, jax.random.key(0))
   with pytest.raises(ValueError, match="key"):
     sampler.row_keys(jax.random.split(jax.random.key(0), 2), 3)
+
+
+def test_generation_with_lora_over_an_nvfp4_base(params):
+  """QeRL serving: a frozen NVFP4 base plus float adapters; μ is the teacher-forced log-prob of the
+  same base + adapters (the learner's π in LoRA-only training), and the adapters change the output."""
+  served = sampler.serve_params(params, quant.NVFP4(), dtype=jnp.float32)
+  lora = models.init_lora(CFG, models.LoraConfig(rank=4, alpha=8.0, targets="(q|v|up)_proj"), jax.random.key(1))
+  lora.params["layers"]["mlp"]["up_proj"]["b"] = 0.5 * jax.random.normal(
+      jax.random.key(2), lora.params["layers"]["mlp"]["up_proj"]["b"].shape)
+  toks, valid = pad(PROMPTS, "left")
+  r = sampler.generate(served, toks, valid, CFG, GREEDY, jax.random.key(0), cache_dtype=F32, lora=lora)
+  logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(served, r.tokens_BT, CFG, valid_BT=r.valid_BT,
+                                                                lora=lora)
+  prev = np.maximum(np.asarray(sampler.predictor_index(np.asarray(r.valid_BT))), 0)[:, 1:]
+  tf = np.take_along_axis(np.asarray(logits, np.float64), prev[:, :, None], axis=1)
+  m = np.asarray(r.mask_BT)[:, 1:]
+  want = np.take_along_axis(np_log_softmax(tf), np.asarray(r.tokens_BT)[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want[m], rtol=0, atol=1e-5)
+  base = sampler.generate(served, toks, valid, CFG, GREEDY, jax.random.key(0), cache_dtype=F32)
+  assert not np.array_equal(np.asarray(base.logprobs_BT), np.asarray(r.logprobs_BT))
