@@ -35,6 +35,20 @@ def _load(prog: str, path, overrides):
     return None, EXIT_CONFIG
 
 
+def _parse(p: argparse.ArgumentParser, argv, prog: str, missing: str):
+  """(args, Config, None) to go on, or (args, None, exit code): --help-config printed, or a config error."""
+  args = p.parse_args(argv)
+  if args.help_config:
+    from lrl_jax.config import describe
+
+    print(describe())
+    return args, None, 0
+  if args.config is None:
+    p.error(missing)
+  cfg, err = _load(prog, args.config, args.overrides)
+  return args, cfg, err
+
+
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog=prog, description=description)
   p.add_argument("config", nargs="?", help="YAML config file (configs/*.yaml)")
@@ -49,15 +63,7 @@ def train_main(argv: list[str] | None = None) -> int:
   p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.out_dir")
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--no-export", action="store_true", help="skip the compressed-tensors export at the end")
-  args = p.parse_args(argv)
-  if args.help_config:
-    from lrl_jax.config import describe
-
-    print(describe())
-    return 0
-  if args.config is None:
-    p.error("a config file is required (e.g. configs/quickstart.yaml)")
-  cfg, err = _load("lrl-jax train", args.config, args.overrides)
+  args, cfg, err = _parse(p, argv, "lrl-jax train", "a config file is required (e.g. configs/quickstart.yaml)")
   if cfg is None:
     return err
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -89,15 +95,7 @@ def eval_main(argv: list[str] | None = None) -> int:
   p.add_argument("--run", help="run directory (default: run.out_dir of the config)")
   p.add_argument("--compressed", help="evaluate this compressed-tensors export instead (served as stored)")
   p.add_argument("--size", type=int, help="number of eval problems (default task.eval_size)")
-  args = p.parse_args(argv)
-  if args.help_config:
-    from lrl_jax.config import describe
-
-    print(describe())
-    return 0
-  if args.config is None:
-    p.error("a config file is required")
-  cfg, err = _load("lrl-jax eval", args.config, args.overrides)
+  args, cfg, err = _parse(p, argv, "lrl-jax eval", "a config file is required")
   if cfg is None:
     return err
   import dataclasses
