@@ -13,11 +13,11 @@ PYTEST := $(BIN)/python -m pytest -q -n 2
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,hf]'
+	$(BIN)/python -m pip install -q -e '.[test,hf,control]'
 	@touch $@
 
 $(REF): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,hf,ref]'
+	$(BIN)/python -m pip install -q -e '.[test,hf,control,ref]'
 	@touch $@
 
 demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run

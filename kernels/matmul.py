@@ -159,6 +159,9 @@ def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
                      "slice stacked layers first (lax.scan / indexing)")
   if q.axis != -2:
     raise ValueError(f"{name}: weight [K, N] must be quantized along K (axis=-2), got axis={q.axis}")
+  if q.zero_point is not None:
+    raise ValueError(f"{name}: {q.spec} carries zero points (asymmetric INT4); the kernels read symmetric codes "
+                     "only — use kernels.qmatmul, which serves it through XLA")
   if x.ndim < 1 or x.shape[-1] != q.shape[0]:
     raise ValueError(f"{name}: activations {tuple(x.shape)} do not contract with weight {q.shape} "
                      f"(x [..., K] @ w [K, N])")

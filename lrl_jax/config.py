@@ -213,6 +213,8 @@ class QuantSection(_Section):
   learner: Literal["none", "int4", "fp8", "nvfp4", "mxfp8"] = "none"  # QAT format of the learner's forward; none = plain
   sampler: Literal["bf16", "int4", "fp8", "nvfp4", "mxfp8"] = "bf16"  # served weights: bf16 = cast to bfloat16, else real codes
   group_size: int = 128  # INT4 group size along K: 16, 32, 64, 128 or 256
+  int4_scheme: Literal["absmax", "minmax", "learned"] = "absmax"  # INT4 scales: absmax/7 (symmetric), (max−min)/15 with a zero point, or learned (LSQ)
+  int4_zero_point: bool = False  # int4_scheme=learned: learn a zero point per group too (LSQ+)
   fp8_granularity: Literal["channel", "block"] = "channel"  # FP8 weight scale per output channel or per fp8_block² tile
   fp8_block: int = 128  # FP8 tile edge when fp8_granularity is block
   act: Literal["none", "fp8"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token dynamic E4M3
@@ -220,6 +222,12 @@ class QuantSection(_Section):
 
   def _validate(self):
     self._check(self.group_size in (16, 32, 64, 128, 256), "group_size", "must be one of 16, 32, 64, 128, 256")
+    self._check(self.int4_scheme in ("absmax", "minmax", "learned"), "int4_scheme",
+                "must be absmax, minmax or learned")
+    self._check(not self.int4_zero_point or self.int4_scheme == "learned", "int4_zero_point",
+                "needs int4_scheme=learned (minmax always has a zero point)")
+    self._check(self.int4_scheme != "learned" or self.learner == "int4", "int4_scheme",
+                "learned scales are trained by the learner's QAT: needs quant.learner=int4")
     self._check(self.fp8_block > 0, "fp8_block", "must be > 0")
     self._check(self.learner in ("none", self.sampler), "learner",
                 f"needs quant.sampler={self.learner!r} (QAT trains for the format the sampler serves); "
@@ -232,7 +240,8 @@ class QuantSection(_Section):
 
     if fmt in ("none", "bf16"):
       return None
-    return {"int4": lambda: quant.Int4(group_size=self.group_size),
+    return {"int4": lambda: quant.Int4(group_size=self.group_size, scheme=self.int4_scheme,
+                                       learn_zero_point=self.int4_zero_point),
             "fp8": lambda: quant.FP8(granularity=self.fp8_granularity, block=self.fp8_block),
             "nvfp4": quant.NVFP4, "mxfp8": quant.MXFP8}[fmt]()
 
@@ -316,6 +325,10 @@ class LearnerSection(_Section):
   compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
   opt_state_dtype: _DTYPE = "float32"  # AdamW moment dtype
   remat: bool = False  # recompute each decoder block in the backward pass (saves memory)
+  qat_start_step: int = 0  # learner step (RL updates) at which QAT switches on; the supervised warm-up runs without QAT when > 0
+  qat_warmup_steps: int = 0  # fade QAT in over this many learner steps: w + α·(ŵ − w), α → 1 (0 = at once)
+  qat_init: Literal["default", "grid"] = "default"  # grid: start the quantized kernels on their own INT4 grid (INT4-aware init)
+  int4_update_clip: float | None = None  # k: no INT4 weight moves more than k grid steps per update (null = off)
   policy_loss: Literal["grpo", "ppo", "gspo"] = "grpo"  # grpo: group advantages; ppo: GAE on a critic; gspo: sequence ratio
   advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # group baseline: (r − mean)/std, r − mean, or leave-one-out
   clip_eps_low: float | None = None  # ratio clip below 1 − ε_low; null = the loss's default (0.2; gspo 3e-4)
@@ -336,6 +349,9 @@ class LearnerSection(_Section):
     self._check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
     self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
     self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
+    self._check(self.qat_start_step >= 0, "qat_start_step", "must be >= 0")
+    self._check(self.qat_warmup_steps >= 0, "qat_warmup_steps", "must be >= 0")
+    self._check(self.int4_update_clip is None or self.int4_update_clip > 0, "int4_update_clip", "must be > 0 or null")
     low, high = (3e-4, 4e-4) if self.policy_loss == "gspo" else (0.2, 0.28)
     if self.clip_eps_low is None:
       self._set("clip_eps_low", low)

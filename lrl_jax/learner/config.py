@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import jax.numpy as jnp
+
 from lrl_jax import quant
 from lrl_jax.losses import AGG_MODES
 
@@ -43,6 +45,15 @@ class LearnerConfig:
       weights stay float32 and are cast per matmul; log-probs and losses are float32.
     qat: a `quant` spec (Int4, FP8, MXFP8, NVFP4): the forward fake-quantizes the layer kernels
       `QuantRules.default(qat)` selects, exactly as the sampler serves them; None: no QAT.
+    qat_start_step: the learner step (`TrainState.step`) at which QAT switches on; before it the
+      forward is plain (float). 0: from the start.
+    qat_warmup_steps: fade QAT in over this many steps from `qat_start_step`: the selected kernels
+      enter the matmul as w + α·(ŵ − w), α = min(1, (step − start + 1) / warmup); exactly ŵ once
+      α = 1. 0: switch on at once. (The INT4 RL write-up warns that an abrupt switch jolts early RL.)
+    qat_init: "grid": a freshly initialised model's quantized kernels start on their own INT4 grid
+      (`quant.int4_aware_init`: fake quant at step 0 changes nothing); "default": the plain init.
+    int4_update_clip: k: clip each INT4 kernel's update to ±k·s of its group after AdamW
+      (`quant.int4_update_clip`: no weight moves more than k grid steps per update). None: off.
     remat: rematerialize each decoder layer in the backward pass.
     policy_loss: "ppo" (PPO / GRPO / DAPO / Dr.GRPO, by `agg`) or "gspo".
     clip_eps_low, clip_eps_high: the clip range ε_low, ε_high (GSPO wants ~3e-4 / 4e-4).
@@ -80,6 +91,10 @@ class LearnerConfig:
   micro_batches: int = 1
   compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"
   qat: quant.Spec | None = None
+  qat_start_step: int = 0
+  qat_warmup_steps: int = 0
+  qat_init: Literal["default", "grid"] = "default"
+  int4_update_clip: float | None = None
   remat: bool = False
   policy_loss: Literal["ppo", "gspo"] = "ppo"
   clip_eps_low: float = 0.2
@@ -144,6 +159,18 @@ class LearnerConfig:
     if self.qat is not None:
       if not isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
         bad("qat", "None or a quant spec (Int4, FP8, MXFP8, NVFP4)")
+    for name in ("qat_start_step", "qat_warmup_steps"):
+      if not (is_int(getattr(self, name)) and getattr(self, name) >= 0):
+        bad(name, "an int >= 0")
+    if self.qat_init not in ("default", "grid"):
+      bad("qat_init", "'default' or 'grid'")
+    if self.int4_update_clip is not None:
+      if not (is_num(self.int4_update_clip) and self.int4_update_clip > 0):
+        bad("int4_update_clip", "None or a number of INT4 steps > 0")
+      if not isinstance(self.qat, quant.Int4):
+        bad("int4_update_clip", f"None unless qat is an Int4 spec (qat={self.qat!r})")
+    if self.qat_init == "grid" and self.qat is None:
+      bad("qat_init", "'default' without qat")
     if not isinstance(self.remat, bool):
       bad("remat", "a bool")
     if self.policy_loss not in POLICY_LOSSES:
@@ -193,6 +220,23 @@ class LearnerConfig:
   def qat_rules(self) -> quant.QuantRules | None:
     """`QuantRules.default(qat)` (the rules the sampler quantizes with), or None."""
     return None if self.qat is None else quant.QuantRules.default(self.qat)
+
+  @property
+  def qat_fades(self) -> bool:
+    """Whether QAT is scheduled (starts late or fades in) rather than on from step 0."""
+    return self.qat is not None and (self.qat_start_step > 0 or self.qat_warmup_steps > 0)
+
+  def qat_alpha(self, step):
+    """QAT weight α at learner step `step` (float32 scalar; may be traced), or None when QAT is simply on.
+
+    α = 0 before `qat_start_step`, then min(1, (step − start + 1) / qat_warmup_steps) (1 without warm-up).
+    """
+    if not self.qat_fades:
+      return None
+    t = jnp.asarray(step, jnp.float32) - self.qat_start_step
+    if self.qat_warmup_steps == 0:
+      return jnp.where(t >= 0, 1.0, 0.0).astype(jnp.float32)
+    return jnp.clip((t + 1.0) / self.qat_warmup_steps, 0.0, 1.0).astype(jnp.float32)
 
   def replace(self, **changes) -> "LearnerConfig":
     return dataclasses.replace(self, **changes)

@@ -98,10 +98,13 @@ def _decay_mask(tree):
 
 
 def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
-  """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay on matrices, mu_dtype)."""
+  """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay on matrices, mu_dtype)
+  [-> int4_update_clip(k): no INT4 weight moves more than k steps of its group's grid per update]."""
   parts = [] if cfg.grad_clip is None else [optax.clip_by_global_norm(cfg.grad_clip)]
   parts.append(optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
                            mu_dtype=jnp.dtype(cfg.opt_state_dtype), mask=_decay_mask))
+  if cfg.int4_update_clip is not None:
+    parts.append(quant.int4_update_clip(cfg.qat_rules, k=cfg.int4_update_clip))
   return optax.chain(*parts)
 
 
@@ -170,6 +173,11 @@ def create_train_state(key: jax.Array, model_cfg: ModelConfig, cfg: LearnerConfi
     raise ValueError(f"create_train_state: key must be a PRNG key (uint32 [2] or typed); got shape {key.shape}")
   if lora is None and params is not None:
     params = _f32_masters(params)
+  if lora is None and params is None and cfg.qat_init == "grid":
+    # INT4-aware init (eager: it checks the fixed point): the same draw init() would make, snapped to its grid.
+    k_params = jax.random.split(key, 4)[0]
+    params = init_params(model_cfg.replace(param_dtype="float32"), k_params)
+    params = quant.int4_aware_init(params, cfg.qat_rules, dtype=jnp.dtype(cfg.compute_dtype))
   init = _init_fn(model_cfg, cfg, lora, value_head, value_delta0, acrl_x, mesh, params is None)
   return init(key, params)
 
@@ -186,6 +194,8 @@ def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, lora: LoraConfig | None
     k_params, k_lora, k_value, k_rng = jax.random.split(key, 4)
     if params is None:
       params = init_params(mcfg, k_params)
+    if lora is None and getattr(cfg.qat, "learned", False):
+      params = quant.init_learned(params, cfg.qat_rules)  # learned INT4 scales next to the kernels (kept if present)
     adapters = None if lora is None else init_lora(model_cfg, lora, k_lora)
     vh = None
     if value_head:

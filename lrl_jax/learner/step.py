@@ -141,10 +141,10 @@ def _compute_cfg(model_cfg: ModelConfig, cfg: LearnerConfig) -> ModelConfig:
   return model_cfg if model_cfg.dtype == cfg.compute_dtype else model_cfg.replace(dtype=cfg.compute_dtype)
 
 
-def _policy(params, lora, batch: Batch, mcfg: ModelConfig, cfg: LearnerConfig, *, with_entropy=False):
-  """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics."""
+def _policy(params, lora, batch: Batch, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
+  """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
   h, _ = forward_hidden(params, batch.tokens, mcfg, positions_BT=batch.positions, valid_BT=batch.valid,
-                        qat_rules=cfg.qat_rules, lora=lora, remat=cfg.remat)
+                        qat_rules=cfg.qat_rules, lora=lora, remat=cfg.remat, qat_alpha=cfg.qat_alpha(step))
   logits = nn.with_logical_constraint(logits_from_hidden(params, h, mcfg), ACTIVATION_AXES["logits_BTV"])
   out = logprobs_from_logits(logits, batch.tokens, batch.valid, with_entropy=with_entropy)
   return (out if with_entropy else (out, None)) + (h,)
@@ -152,7 +152,7 @@ def _policy(params, lora, batch: Batch, mcfg: ModelConfig, cfg: LearnerConfig, *
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"))
 def token_logprobs(params, batch: Batch, model_cfg: ModelConfig, *, cfg: LearnerConfig | None = None,
-                   lora: Lora | None = None) -> jax.Array:
+                   lora: Lora | None = None, step=None) -> jax.Array:
   """log π(tokens[b, t] | tokens before) [B, T] f32 under the learner's numerics (compute dtype, QAT).
 
   Args:
@@ -161,11 +161,14 @@ def token_logprobs(params, batch: Batch, model_cfg: ModelConfig, *, cfg: Learner
     model_cfg: the model.
     cfg: learner config giving compute dtype and QAT (None: `model_cfg.dtype`, no QAT).
     lora: adapters, or None.
+    step: the learner step, for a scheduled QAT (`cfg.qat_start_step` / `qat_warmup_steps`); None: QAT as
+      at the end of its warm-up (fully on) when scheduled.
   """
   mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
   cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
+  alpha = None if step is None else cfg.qat_alpha(step)
   h, _ = forward_hidden(params, batch.tokens, mcfg, positions_BT=batch.positions, valid_BT=batch.valid,
-                        qat_rules=cfg.qat_rules, lora=lora)
+                        qat_rules=cfg.qat_rules, lora=lora, qat_alpha=alpha)
   return logprobs_from_logits(logits_from_hidden(params, h, mcfg), batch.tokens, batch.valid)
 
 
@@ -224,8 +227,8 @@ def compute_old_logprobs(state: TrainState, batch: Batch, ref_params=None, *, mo
   mbs = jax.tree_util.tree_map(lambda x: _split(x, M), batch)
 
   def one(mb):
-    old = _policy(params, lora, mb, mcfg, cfg)[0]
-    ref = None if ref_params is None else _policy(ref_params, None, mb, mcfg, cfg)[0]
+    old = _policy(params, lora, mb, mcfg, cfg, step=state.step)[0]
+    ref = None if ref_params is None else _policy(ref_params, None, mb, mcfg, cfg, step=state.step)[0]
     return old, ref
 
   with _mesh_ctx(mesh):
@@ -248,7 +251,7 @@ def compute_values(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, c
   mult = losses.delta_multiplier(state.step) if cfg.value_delta_schedule else 1.0
 
   def one(mb):
-    h = _policy(params, lora, mb, mcfg, cfg)[2]
+    h = _policy(params, lora, mb, mcfg, cfg, step=state.step)[2]
     return losses.value_head_apply(state.value_head, h, delta_mult=mult)[0]
 
   with _mesh_ctx(mesh):
@@ -288,7 +291,7 @@ def _denom(mask, agg: str):
 
 def _micro_loss(trainable, state: TrainState, mb: Batch, weights, denom, mcfg, cfg: LearnerConfig, delta_mult):
   params, lora = _adapters(state, trainable["policy"])
-  logp, ent, h = _policy(params, lora, mb, mcfg, cfg, with_entropy=True)
+  logp, ent, h = _policy(params, lora, mb, mcfg, cfg, step=state.step, with_entropy=True)
   mask = mb.loss_mask
   old = lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
   common = dict(agg=cfg.agg, norm_len=cfg.norm_len, denom=denom, token_weights=weights, ref_logp=mb.ref_logp,

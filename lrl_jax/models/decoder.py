@@ -144,15 +144,26 @@ def param_logical_axes(params_or_cfg) -> Any:
     names = _axes_for_path(p)
     if isinstance(leaf, quant.QArray):
       gs = None if leaf.global_scale is None else names[:leaf.global_scale.ndim]
-      return dataclasses.replace(leaf, codes=names, scale=names, global_scale=gs)
+      zp = None if leaf.zero_point is None else names
+      return dataclasses.replace(leaf, codes=names, scale=names, global_scale=gs, zero_point=zp)
     return names
 
   return jax.tree_util.tree_map_with_path(visit, params_or_cfg, is_leaf=lambda x: isinstance(x, quant.QArray))
 
 
+def _learned_kernel(p: str) -> str | None:
+  """'layers/attn/q_proj/kernel_scale' -> 'layers/attn/q_proj/kernel' (a learned INT4 scale / zero point)."""
+  for suffix in (quant.SCALE_SUFFIX, quant.ZERO_SUFFIX):
+    if p.endswith("kernel" + suffix):
+      return p[:-len(suffix)]
+  return None
+
+
 def _axes_for_path(p: str) -> tuple[str, ...]:
   if p in _PARAM_AXES:
     return _PARAM_AXES[p]
+  if _learned_kernel(p) in _PARAM_AXES:  # group scales [.., K/G, N] take the kernel's names
+    return _PARAM_AXES[_learned_kernel(p)]
   raise ValueError(f"no logical axes for parameter path {p!r}; known: {sorted(_PARAM_AXES)}")
 
 
@@ -193,6 +204,11 @@ def check_params(params, cfg: ModelConfig) -> None:
   want = param_shapes(cfg)
   got = {quant.path_str(kp): tuple(leaf.shape)
          for kp, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, quant.QArray))}
+  for p in [p for p in got if _learned_kernel(p) in want]:  # learned INT4 scales: [.., K/G, N] next to the kernel
+    k_shape, g_shape = want[_learned_kernel(p)], got.pop(p)
+    if len(g_shape) != len(k_shape) or g_shape[-1] != k_shape[-1] or not g_shape[-2] or k_shape[-2] % g_shape[-2]:
+      raise ValueError(f"parameter {p}: expected group scales [.., K/G, {k_shape[-1]}] of the kernel {k_shape}, "
+                       f"got {g_shape}")
   missing = sorted(set(want) - set(got))
   extra = sorted(set(got) - set(want))
   if missing or extra:
@@ -286,7 +302,7 @@ def _rope(x_BTHD, positions_BT, theta):
   return (xf * jnp.cos(ang) + rot * jnp.sin(ang)).astype(x_BTHD.dtype)
 
 
-def _matmul(x, w, spec, act_spec=None):
+def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
   """x [.., K] @ w [K, N] -> [.., N] in x.dtype, f32 accumulation.
 
   w: a QArray (sampler: `kernels.qmatmul`) or a float array (learner). A float w with a spec is
@@ -294,6 +310,8 @@ def _matmul(x, w, spec, act_spec=None):
   (AQT for INT4 / FP8, `fake_quant` for NVFP4 / MXFP8; a barrier there keeps XLA from fusing the
   dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`).
   act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8), or None.
+  qparams: (scale, zero point or None) of a learned INT4 spec (`kernel_scale` / `kernel_zero`).
+  alpha: QAT warm-up weight in [0, 1] (a scalar array) or None (QAT fully on).
   """
   if isinstance(w, quant.QArray):
     if act_spec is not None:
@@ -301,6 +319,22 @@ def _matmul(x, w, spec, act_spec=None):
     return kernels.qmatmul(x, w).astype(x.dtype)
   w = w.astype(x.dtype)  # quantize the array the matmul sees (the sampler quantizes the same cast)
   dn = (((x.ndim - 1,), (0,)), ((), ()))
+  if spec is not None and (qparams is not None or alpha is not None):
+    # Explicit ŵ: learned INT4 scales (LSQ), and/or QAT fading in: w + α·(ŵ − w), exactly ŵ once α >= 1.
+    if qparams is not None:
+      s, z = qparams
+      w_hat = quant.learned_fake_quant(w, s.astype(jnp.float32), None if z is None else z.astype(jnp.float32),
+                                       spec, axis=0)
+    else:
+      w_hat = quant.fake_quant(w, spec, axis=0)
+    if alpha is not None:
+      a = jnp.asarray(alpha, jnp.float32)
+      w_hat = jnp.where(a >= 1.0, w_hat, (w.astype(jnp.float32) + a * (w_hat - w).astype(jnp.float32)).astype(w.dtype))
+    w_hat = lax.optimization_barrier(w_hat)  # same dot as the sampler's on dequantized weights
+    if act_spec is not None:
+      x = lax.optimization_barrier(quant.fake_quant(x, act_spec, axis=-1))
+    y = lax.dot_general(x, w_hat, dn, preferred_element_type=jnp.float32)
+    return y.astype(x.dtype)
   y = quant.dot_general_for(spec, act_spec=act_spec)(x, w, dn, preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
 
@@ -313,7 +347,14 @@ def _dense(x, p: dict, name: str, specs: dict, lora_p: dict | None, lora_scale: 
   """
   w, spec = p["kernel"], specs.get(name)
   act = specs.get("act") if (spec is not None or isinstance(w, quant.QArray)) else None
-  y = _matmul(x, w, spec, act)
+  qparams = None
+  if spec is not None and getattr(spec, "learned", False):
+    s_key, z_key = "kernel" + quant.SCALE_SUFFIX, "kernel" + quant.ZERO_SUFFIX
+    if s_key not in p:
+      raise ValueError(f"layers/{name}/kernel: {spec} needs its learned scale 'kernel{quant.SCALE_SUFFIX}' "
+                       "(quant.init_learned(params, rules))")
+    qparams = (p[s_key], p.get(z_key) if spec.learn_zero_point else None)
+  y = _matmul(x, w, spec, act, qparams, specs.get("alpha"))
   if "bias" in p:
     y = y + _lead(p["bias"].astype(y.dtype), y.ndim)
   if lora_p is not None:
@@ -414,7 +455,8 @@ def _default_positions(valid_BT, cache: KVCache | None):
 
 
 def forward_hidden(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache=None,
-                   cache_index=None, qat_rules=None, act_spec=None, lora=None, remat: bool = False):
+                   cache_index=None, qat_rules=None, act_spec=None, lora=None, remat: bool = False,
+                   qat_alpha=None):
   """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
 
   Same arguments as `forward`.
@@ -445,6 +487,8 @@ def forward_hidden(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, va
     raise ValueError(f"positions_BT shape {positions_BT.shape} != tokens_BT shape {(B, T)}")
 
   specs = _qat_specs(qat_rules, params, act_spec)
+  if qat_alpha is not None and qat_rules is not None:
+    specs["alpha"] = jnp.asarray(qat_alpha, jnp.float32)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
 
   x = jnp.take(params["embed"]["embedding"], tokens_BT, axis=0, mode="clip").astype(dt)
@@ -520,7 +564,7 @@ def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
 
 def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache: KVCache | None = None,
             cache_index=None, qat_rules: quant.QuantRules | None = None, act_spec: quant.FP8 | None = None,
-            lora=None, remat: bool = False):
+            lora=None, remat: bool = False, qat_alpha=None):
   """Decoder forward pass.
 
   Args:
@@ -536,16 +580,19 @@ def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=
     cache_index: int scalar, the slot of the first new token (required with a cache).
     qat_rules: `quant.QuantRules`; float layer kernels whose stacked path (e.g.
       'layers/attn/q_proj/kernel') it selects are fake-quantized in the matmul
-      (`quant.dot_general_for`, straight-through gradient). QArray kernels ignore it.
+      (`quant.dot_general_for`, straight-through gradient; a learned Int4 spec uses the
+      `kernel_scale` / `kernel_zero` next to the kernel, with LSQ gradients). QArray kernels ignore it.
     act_spec: `quant.FP8(granularity="token")` for W8A8: the input of every matmul with a
       quantized weight (QArray, or selected by qat_rules) is fake-quantized per token. None: W*A16.
     lora: a `models.lora.Lora` (adapters added to the selected layer kernels), or None.
     remat: rematerialize each layer in the backward pass (`jax.checkpoint`).
+    qat_alpha: QAT warm-up (scalar in [0, 1], may be traced): the selected kernels enter the matmul as
+      w + α·(ŵ − w); exactly ŵ when α >= 1. None: ŵ (QAT fully on). Ignored without qat_rules.
 
   Returns:
     (logits_BTV float32 [B, T, V], the updated cache or None).
   """
   h, cache = forward_hidden(params, tokens_BT, cfg, positions_BT=positions_BT, valid_BT=valid_BT, cache=cache,
                             cache_index=cache_index, qat_rules=qat_rules, act_spec=act_spec, lora=lora,
-                            remat=remat)
+                            remat=remat, qat_alpha=qat_alpha)
   return _constrain(logits_from_hidden(params, h, cfg), "logits_BTV"), cache

@@ -9,6 +9,12 @@ pack_quantized.py` and `fp4_quantized.py`), for a torch weight W [N, K]:
       each stored as q + 8 (`quant.pack_int4_compressed_tensors`);
     weight_scale [N, K/G] (the Int4 spec's scale dtype, bf16 by default);
     weight_shape int64 [2] = (N, K).      Ŵ = q · s.
+  Asymmetric (`Int4(scheme="minmax")`, or learned with a zero point), "symmetric": false:
+    weight_zero_point int32 [N/8, K/G]: the signed zero points z [N, K/G] packed eight per
+      int32 along N (compressed-tensors packs them along dim 0), Ŵ = (q − z) · s.
+  Learned scales (`Int4(scheme="learned")`) are written as they are (`kernel_scale`, and
+  `kernel_zero` rounded), never recomputed from the weights; the file does not record that they
+  were learned, so it reads back as absmax (symmetric) or minmax (asymmetric) — the same Ŵ.
 * NVFP4, format "nvfp4-pack-quantized", strategy "tensor_group", group 16:
     weight_packed uint8 [N, K/2]: E2M1 bit patterns, element 2j in the low nibble;
     weight_scale float8_e4m3fn [N, K/16];
@@ -59,7 +65,7 @@ def quantization_config(spec, ignore: list[str]) -> dict:
   if fmt is None:
     raise ValueError(f"export_compressed_tensors supports Int4 and NVFP4 specs, got {spec}")
   if isinstance(spec, Int4):
-    weights = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+    weights = {"num_bits": 4, "type": "int", "symmetric": not spec.asymmetric, "strategy": "group",
                "group_size": spec.group_size}
   else:
     weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group",
@@ -102,7 +108,7 @@ def _encode_scale(dec: np.ndarray) -> np.ndarray:
 
 
 # One compiled program per kernel shape (op-by-op dispatch would compile every primitive).
-_quantize = jax.jit(quant.quantize, static_argnames=("spec", "axis"))
+_quantize = jax.jit(quant.quantize, static_argnames=("spec", "axis"))  # scale / zero_point: traced
 _pack_nibbles = jax.jit(quant.pack_nibbles, static_argnames=("axis",))
 _unpack_nibbles = jax.jit(quant.unpack_nibbles, static_argnames=("axis",))
 
@@ -138,8 +144,30 @@ def _quantize_kernels(cfg: ModelConfig, params, rules: QuantRules, fuse: bool, d
       done.add(p)
   for p, spec in selected.items():
     if spec is not None and p not in done:
-      out[p] = _quantize(jnp.asarray(ckpt.get_path(params, p)).astype(dtype), spec, axis=rules.axis)
+      s, z = _learned(params, p, spec)
+      out[p] = _quantize(jnp.asarray(ckpt.get_path(params, p)).astype(dtype), spec, axis=rules.axis, scale=s,
+                         zero_point=z)
   return out
+
+
+def _learned(params, path: tuple[str, ...], spec):
+  """The learned INT4 scale / zero point next to the kernel at `path` (None, None when not learned)."""
+  node = ckpt.get_path(params, path[:-1])
+  s, z = node.get(path[-1] + quant.SCALE_SUFFIX), node.get(path[-1] + quant.ZERO_SUFFIX)
+  if getattr(spec, "learned", False) and s is None:
+    raise ValueError(f"export_compressed_tensors: {'/'.join(path)} is {spec} but has no learned scale "
+                     f"'{path[-1]}{quant.SCALE_SUFFIX}' next to it")
+  if not getattr(spec, "learned", False):
+    return None, None
+  return s, (z if spec.learn_zero_point else None)
+
+
+def _without_learned(params):
+  """params without the learned INT4 scale / zero-point leaves (for the layout check)."""
+  if not isinstance(params, dict):
+    return params
+  return {k: _without_learned(v) for k, v in params.items()
+          if not (isinstance(k, str) and k.endswith(("kernel" + quant.SCALE_SUFFIX, "kernel" + quant.ZERO_SUFFIX)))}
 
 
 def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params, spec, *,
@@ -171,7 +199,7 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
   rules = QuantRules.default(spec) if rules is None else rules
   if rules.axis != -2:
     raise ValueError(f"export_compressed_tensors needs rules.axis == -2 (groups along K), got {rules.axis}")
-  ckpt.check_tree(cfg, params)
+  ckpt.check_tree(cfg, _without_learned(params))
   qs = _quantize_kernels(cfg, params, rules, fuse_global_scales, jnp.dtype(dtype))
   for p, q in qs.items():
     if type(q.spec) is not type(spec) or q.spec != spec:
@@ -201,6 +229,12 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
       if isinstance(spec, Int4):
         tensors[mod + ".weight_packed"] = quant.pack_int4_compressed_tensors(signed[i].T, axis=-1)
         tensors[mod + ".weight_shape"] = np.array([n, k], np.int64)
+        if q.zero_point is not None:
+          if n % 8:
+            raise ValueError(f"export_compressed_tensors: {mod} has N={n} outputs; asymmetric INT4 packs zero "
+                             "points eight per int32 along N, so N must be a multiple of 8")
+          zp = np.asarray(q.zero_point)[i].T  # [N, K/G] signed
+          tensors[mod + ".weight_zero_point"] = quant.pack_int4_compressed_tensors(zp, axis=0)
       else:
         tensors[mod + ".weight_packed"] = np.ascontiguousarray(codes[i].T)
         tensors[mod + ".weight_global_scale"] = gs[i].reshape(1)
@@ -223,9 +257,9 @@ def _spec_from_config(qc: dict, where: Path):
   if group.get("input_activations") is not None:
     raise ValueError(f"{where}: activation quantization is not supported (weight-only checkpoints)")
   fmt = group.get("format") or qc.get("format")
-  if fmt == "pack-quantized" and w.get("type") == "int" and w.get("num_bits") == 4 and w.get("symmetric") \
+  if fmt == "pack-quantized" and w.get("type") == "int" and w.get("num_bits") == 4 \
       and w.get("strategy") == "group":
-    return Int4(group_size=int(w["group_size"]))
+    return Int4(group_size=int(w["group_size"]), scheme="absmax" if w.get("symmetric", True) else "minmax")
   if fmt == "nvfp4-pack-quantized" and w.get("type") == "float" and w.get("num_bits") == 4 \
       and w.get("strategy") == "tensor_group" and w.get("group_size") == 16:
     return NVFP4()
@@ -277,7 +311,7 @@ def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[Mod
     mod0 = _linear_module(ent).format(i=layers[0]) if ent.transpose else None
     if ent.transpose and mod0 + ".weight_packed" in sources:
       k, n = ent.shape
-      codes, scales, gscales = [], [], []
+      codes, scales, gscales, zeros = [], [], [], []
       for i in layers:
         mod = _linear_module(ent).format(i=i)
         if isinstance(spec, Int4):
@@ -288,6 +322,11 @@ def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[Mod
           signed = quant.unpack_int4_compressed_tensors(packed, axis=-1)  # [N, K] int8
           codes.append((signed.astype(np.int16) + 8).astype(np.uint8).T)  # q + 8, [K, N]
           scales.append(get(mod + ".weight_scale", (n, k // spec.group_size)).T)
+          if spec.asymmetric:
+            if n % 8:
+              raise ValueError(f"{d}: {mod} has N={n}; packed zero points need N to be a multiple of 8")
+            zp = get(mod + ".weight_zero_point", (n // 8, k // spec.group_size), np.int32)
+            zeros.append(quant.unpack_int4_compressed_tensors(zp, axis=0).T)  # [K/G, N] int8
         else:
           codes.append(get(mod + ".weight_packed", (n, k // 2), np.uint8).T)
           scales.append(get(mod + ".weight_scale", (n, k // 16), jnp.float8_e4m3fn).T)
@@ -295,12 +334,13 @@ def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[Mod
           gscales.append((np.float32(1) / g[0]).astype(np.float32))
       sdt = scales[0].dtype
       if isinstance(spec, Int4):
-        spec_i = Int4(group_size=spec.group_size, scale_dtype=np.dtype(sdt).name)
+        spec_i = Int4(group_size=spec.group_size, scale_dtype=np.dtype(sdt).name, scheme=spec.scheme)
         stacked = _pack_nibbles(np.stack(codes), axis=-2)  # [L, K/2, N], element 2i low
       else:
         spec_i, stacked = spec, np.stack(codes)
       q = QArray(codes=jnp.asarray(stacked), scale=jnp.asarray(np.stack(scales)),
-                 global_scale=jnp.asarray(np.stack(gscales)) if gscales else None, spec=spec_i, axis=-2)
+                 global_scale=jnp.asarray(np.stack(gscales)) if gscales else None, spec=spec_i, axis=-2,
+                 zero_point=jnp.asarray(np.stack(zeros)) if zeros else None)
       ckpt._set(params, ent.path, q)
       continue
     parts = []

@@ -6,21 +6,34 @@ Formats: `Int4` (W4A16, slime / compressed-tensors), `FP8` (E4M3, channel/token/
 """
 
 from lrl_jax.quant.specs import FP8, Int4, MXFP8, NVFP4, Spec
-from lrl_jax.quant.qarray import QArray, check_spec, dequantize, fake_quant, quantize
+from lrl_jax.quant.qarray import QArray, check_spec, dequantize, fake_quant, learned_fake_quant, quantize
 from lrl_jax.quant.debug import check_finite, checked
 from lrl_jax.quant.aqt import aqt_fake_quant, dot_general_for
-from lrl_jax.quant.rules import QuantRules, dequantize_params, fake_quant_params, path_str, quantize_params
+from lrl_jax.quant.rules import (
+    SCALE_SUFFIX,
+    ZERO_SUFFIX,
+    QuantRules,
+    dequantize_params,
+    fake_quant_params,
+    init_learned,
+    path_str,
+    quantize_params,
+)
 from lrl_jax.quant.packing import (
     pack_int4_compressed_tensors,
     pack_nibbles,
     unpack_int4_compressed_tensors,
     unpack_nibbles,
 )
+from lrl_jax.quant.optim import int4_group_steps, int4_update_clip
+from lrl_jax.quant.init import grid_residual, int4_aware_init, next_token_kl, policy_jolt
 
 __all__ = [
     "Int4", "FP8", "MXFP8", "NVFP4", "Spec",
-    "QArray", "quantize", "dequantize", "fake_quant", "check_spec",
+    "QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec",
     "dot_general_for", "aqt_fake_quant", "check_finite", "checked",
-    "QuantRules", "quantize_params", "fake_quant_params", "dequantize_params", "path_str",
+    "QuantRules", "quantize_params", "fake_quant_params", "dequantize_params", "path_str", "init_learned",
+    "SCALE_SUFFIX", "ZERO_SUFFIX",
     "pack_nibbles", "unpack_nibbles", "pack_int4_compressed_tensors", "unpack_int4_compressed_tensors",
+    "int4_update_clip", "int4_group_steps", "int4_aware_init", "grid_residual", "next_token_kl", "policy_jolt",
 ]

@@ -143,8 +143,9 @@ _aqt_fake_quant.defvjp(_aqt_fake_quant_fwd, _aqt_fake_quant_bwd)
 
 def aqt_fake_quant(w: jax.Array, spec: Int4 | FP8, *, axis: int = -2) -> jax.Array:
   """ŵ computed by AQT's Quantizer; equals `quant.fake_quant(w, spec, axis=axis)` bit for bit."""
-  if not isinstance(spec, (Int4, FP8)):
-    raise ValueError(f"aqt_fake_quant supports Int4 and FP8 specs; got {spec} (use quant.fake_quant)")
+  if not (isinstance(spec, FP8) or (isinstance(spec, Int4) and spec.scheme == "absmax")):
+    raise ValueError(f"aqt_fake_quant supports symmetric absmax Int4 and FP8 specs; got {spec} "
+                     "(use quant.fake_quant)")
   ax = check_spec(spec, w.shape, w.dtype, axis) % w.ndim
   return _aqt_fake_quant(w, spec, ax)
 
@@ -154,7 +155,10 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
 
   Args:
     spec: weight format, or None for a plain dot_general. Groups run along the rhs
-      contraction axis (which must be a single axis).
+      contraction axis (which must be a single axis). AQT computes absmax Int4 and FP8;
+      minmax Int4, NVFP4 and MXFP8 go through `fake_quant` (AQT has no asymmetric INT4 with
+      this contract's zero-point rule, nor these block formats). Learned Int4 is not
+      accepted here (its scales are parameters: `learned_fake_quant`).
     act_spec: optional FP8(granularity="token") for the lhs (W8A8): the activations are
       fake-quantized per token along the lhs contraction axis.
 
@@ -165,6 +169,9 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
   """
   if act_spec is not None and not (isinstance(act_spec, FP8) and act_spec.granularity == "token"):
     raise ValueError(f"act_spec must be FP8(granularity='token'); got {act_spec}")
+  if isinstance(spec, Int4) and spec.learned:
+    raise ValueError(f"{spec}: learned scales live in the parameter tree; fake-quantize the weight with "
+                     "quant.learned_fake_quant(w, scale, zero_point, spec) and use a plain dot")
 
   def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     (lhs_ca, rhs_ca), _ = dimension_numbers
@@ -173,7 +180,7 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
         raise ValueError(f"{spec}: the weight must contract over one axis; got rhs shape {rhs.shape}, "
                          f"contracting axes {tuple(rhs_ca)}")
       axis = int(rhs_ca[0])
-      if isinstance(spec, (Int4, FP8)):
+      if isinstance(spec, FP8) or (isinstance(spec, Int4) and spec.scheme == "absmax"):
         rhs = aqt_fake_quant(rhs, spec, axis=axis)
       else:
         rhs = fake_quant(rhs, spec, axis=axis)

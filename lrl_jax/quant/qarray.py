@@ -30,7 +30,7 @@ from jax import lax
 from lrl_jax.quant import packing
 from lrl_jax.quant.specs import FP4_MAX, FP8_MAX, FP8, INT4_MAX, Int4, MXFP8, NVFP4, Spec
 
-__all__ = ["QArray", "quantize", "dequantize", "fake_quant", "check_spec"]
+__all__ = ["QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec"]
 
 _F32_TINY = float(jnp.finfo(jnp.float32).tiny)  # smallest normal f32: CPUs flush denormals to zero
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
@@ -39,7 +39,7 @@ _INT4_SCALE_FLOOR = 1e-5  # slime / compressed-tensors floor on amax / 7
 
 @functools.partial(
     jax.tree_util.register_dataclass,
-    data_fields=["codes", "scale", "global_scale"],
+    data_fields=["codes", "scale", "global_scale", "zero_point"],
     meta_fields=["spec", "axis"],
 )
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,9 @@ class QArray:
       MXFP8: float8_e8m0fnu; NVFP4: float8_e4m3fn.
     global_scale: NVFP4 only: the float32 per-matrix decode scale `dec`, one per matrix of
       the last two axes (shape = the leading axes; () for a plain matrix). None otherwise.
+    zero_point: asymmetric Int4 only (`spec.asymmetric`): int8 per group, the shape of `scale`,
+      signed convention (compressed-tensors): ŵ = (q − z) · s with q in [-8, 7] (stored in the
+      nibble as q + 8). None otherwise (z = 0).
     spec: the format (static).
     axis: the axis the groups run along, counted from the end (static, negative);
       the matmul's contraction axis: -2 for a kernel [.., K, N] used as `x @ w`.
@@ -68,6 +71,7 @@ class QArray:
   global_scale: jax.Array | None
   spec: Spec
   axis: int
+  zero_point: jax.Array | None = None
 
   @property
   def shape(self) -> tuple[int, ...]:
@@ -84,8 +88,9 @@ class QArray:
   def nbytes(self) -> int:
     """Bytes of codes and scales (what a matmul has to read)."""
     n = self.codes.size * self.codes.dtype.itemsize + self.scale.size * self.scale.dtype.itemsize
-    if self.global_scale is not None:
-      n += self.global_scale.size * self.global_scale.dtype.itemsize
+    for extra in (self.global_scale, self.zero_point):
+      if extra is not None:
+        n += extra.size * extra.dtype.itemsize
     return int(n)
 
   @property
@@ -200,21 +205,79 @@ def _safe_div(x: jax.Array, d: jax.Array) -> jax.Array:
 # --------------------------------------------------------------------------- formats
 
 
-def _quantize_int4(x, spec: Int4, axis):
-  xg = _groups(x, axis, spec.group_size)
-  sdt = jnp.dtype(spec.scale_dtype)
+def _int4_range(xg, spec: Int4, axis):
+  """The computed (not learned) scale and zero point of each group: absmax, or minmax (0 in range)."""
+  if spec.scheme == "minmax":
+    finite = jnp.all(jnp.isfinite(xg), axis=axis, keepdims=True)
+    lo = jnp.minimum(jnp.min(xg, axis=axis, keepdims=True), 0.0)
+    hi = jnp.maximum(jnp.max(xg, axis=axis, keepdims=True), 0.0)
+    marker = jnp.where(finite, hi - lo, jnp.nan)  # NaN for a group holding a NaN or Inf
+    return _div(marker, 15.0), lo, marker
   amax = _absmax(xg, axis)
-  s = jnp.maximum(_div(amax, INT4_MAX), _INT4_SCALE_FLOOR)
-  s = _poison(jnp.minimum(s, float(jnp.finfo(sdt).max)), amax)  # amax/7 can overflow fp16: saturate
-  s = _exact_cast(s, sdt)  # scale is rounded to its storage dtype *before* use
-  q = jnp.round(_div(xg, s.astype(jnp.float32)))  # jnp.round is round-half-to-even
-  q = jnp.clip(jnp.where(jnp.isnan(q), 0.0, q), -INT4_MAX, INT4_MAX).astype(jnp.int8)
+  return _div(amax, INT4_MAX), None, amax
+
+
+def _int4_scale(s, sdt, marker):
+  """Floor, saturate to the storage dtype, poison non-finite groups, round to `sdt` (before use)."""
+  s = jnp.maximum(s, _INT4_SCALE_FLOOR)  # also maps NaN (a NaN-poisoned learned scale stays NaN below)
+  s = _poison(jnp.minimum(s, float(jnp.finfo(sdt).max)), marker)  # amax/7 can overflow fp16: saturate
+  return _exact_cast(s, sdt)
+
+
+def _int4_zero(z, spec: Int4):
+  """Zero point as float in the signed convention: round-half-to-even, clipped to [-8, 7]."""
+  return jnp.clip(jnp.round(jnp.where(jnp.isnan(z), 0.0, z)), -8, INT4_MAX)
+
+
+def _int4_codes(xg, s32, z32, spec: Int4):
+  """q = clip(round(x / s) + z, qmin, qmax) in float32 (NaN input -> 0; its scale carries the NaN)."""
+  q = jnp.round(_div(xg, s32))  # jnp.round is round-half-to-even
+  if z32 is not None:
+    q = q + z32
+  return jnp.clip(jnp.where(jnp.isnan(q), 0.0, q), spec.qmin, spec.qmax)
+
+
+def _int4_qparams(xg, spec: Int4, axis, scale, zero_point):
+  """(s in the storage dtype [.., G=1, ..], z float32 or None) of each group, computed or given."""
+  sdt = jnp.dtype(spec.scale_dtype)
+  if scale is None:
+    if spec.learned and spec.learn_zero_point:
+      spec_init = dataclasses.replace(spec, scheme="minmax", learn_zero_point=False)
+    else:
+      spec_init = spec
+    s, lo, marker = _int4_range(xg, spec_init, axis)
+    s = _int4_scale(s, sdt, marker)
+    z = None
+    if spec.asymmetric:
+      zu = jnp.clip(jnp.round(_safe_div(-lo, s.astype(jnp.float32))), 0, 15)
+      z = zu - 8.0
+    return s, z
+  marker = _absmax(xg, axis)  # only its finiteness is used: a non-finite group dequantizes to NaN
+  s = _int4_scale(_scale_groups(jnp.asarray(scale, jnp.float32), axis), sdt, marker)
+  z = None
+  if spec.asymmetric:
+    zp = jnp.zeros(s.shape, jnp.float32) if zero_point is None else jnp.asarray(zero_point, jnp.float32)
+    z = _int4_zero(_scale_groups(zp, axis) if zero_point is not None else zp, spec)
+  elif zero_point is not None:
+    raise ValueError(f"{spec}: a zero point was given but the spec is symmetric (scheme={spec.scheme!r}, "
+                     f"learn_zero_point={spec.learn_zero_point})")
+  return s, z
+
+
+def _quantize_int4(x, spec: Int4, axis, scale=None, zero_point=None):
+  xg = _groups(x, axis, spec.group_size)
+  s, z = _int4_qparams(xg, spec, axis, scale, zero_point)
+  q = _int4_codes(xg, s.astype(jnp.float32), z, spec).astype(jnp.int8)
   codes = packing.pack_nibbles((_ungroup(q, axis) + 8).astype(jnp.uint8), axis)
-  return codes, _scale_shape(s, axis), None
+  zp = None if z is None else _scale_shape(z, axis).astype(jnp.int8)
+  return codes, _scale_shape(s, axis), None, zp
 
 
 def _dequantize_int4(q: QArray):
   codes = packing.unpack_nibbles(q.codes, q.axis).astype(jnp.int32) - 8
+  if q.zero_point is not None:
+    zg = _scale_groups(q.zero_point.astype(jnp.int32), q.axis)
+    codes = _ungroup(_groups(codes, q.axis, q.spec.group_size) - zg, q.axis)
   qg = _groups(codes.astype(jnp.float32), q.axis, q.spec.group_size)
   return _ungroup(qg * _scale_groups(q.scale, q.axis).astype(jnp.float32), q.axis)
 
@@ -315,7 +378,23 @@ _DEQUANTIZE = {Int4: _dequantize_int4, FP8: _dequantize_fp8, MXFP8: _dequantize_
 # --------------------------------------------------------------------------- API
 
 
-def quantize(x: jax.Array, spec: Spec, *, axis: int = -1) -> QArray:
+def _check_qparams(spec: Spec, shape, axis: int, scale, zero_point):
+  """Given scale / zero point: Int4 only, the shape of the group scales [.., K/G, ..]."""
+  if scale is None and zero_point is None:
+    return
+  if not isinstance(spec, Int4):
+    raise ValueError(f"{spec}: a given scale / zero point is supported for Int4 only")
+  if scale is None:
+    raise ValueError(f"{spec}: a zero point was given without a scale")
+  want = list(shape)
+  want[axis] //= spec.group_size
+  for name, v in (("scale", scale), ("zero_point", zero_point)):
+    if v is not None and tuple(jnp.shape(v)) != tuple(want):
+      raise ValueError(f"{spec}: {name} must have the group shape {tuple(want)} of an array {tuple(shape)} "
+                       f"grouped along axis {axis}; got {tuple(jnp.shape(v))}")
+
+
+def quantize(x: jax.Array, spec: Spec, *, axis: int = -1, scale=None, zero_point=None) -> QArray:
   """Quantizes `x` to `spec`, groups/blocks running along `axis`.
 
   Args:
@@ -324,18 +403,29 @@ def quantize(x: jax.Array, spec: Spec, *, axis: int = -1) -> QArray:
     axis: the axis groups run along: the contraction axis of the matmul the array
       feeds (0 or -2 for a weight [K, N] used as `x @ w`). Ignored by FP8 channel/token,
       which reduce over it, and FP8 block, which tiles the last two axes.
+    scale: Int4 only: the group scales to use (a learned `kernel_scale`, any float dtype,
+      the shape of `x` with `axis` divided by the group size) instead of computing them;
+      floored at 1e-5 and rounded to `spec.scale_dtype` like computed ones.
+    zero_point: Int4 with `spec.asymmetric` only: the group zero points (float, signed
+      convention; rounded half-to-even and clipped to [-8, 7]); None with a given scale: 0.
 
   Returns:
     A `QArray` with `dequantize(q) ≈ x`.
 
   Raises:
     ValueError (at trace time) if the group size does not divide the axis, the dtype
-    is not floating point or the rank does not fit the format.
+    is not floating point, the rank does not fit the format, or a given scale / zero
+    point does not have the group shape.
   """
   x = jnp.asarray(x)
   ax = check_spec(spec, x.shape, x.dtype, axis)
-  codes, scale, global_scale = _QUANTIZE[type(spec)](x.astype(jnp.float32), spec, ax)
-  return QArray(codes=codes, scale=scale, global_scale=global_scale, spec=spec, axis=ax)
+  _check_qparams(spec, x.shape, ax, scale, zero_point)
+  x32 = x.astype(jnp.float32)
+  if isinstance(spec, Int4):
+    codes, sc, gs, zp = _quantize_int4(x32, spec, ax, scale, zero_point)
+  else:
+    (codes, sc, gs), zp = _QUANTIZE[type(spec)](x32, spec, ax), None
+  return QArray(codes=codes, scale=sc, global_scale=gs, spec=spec, axis=ax, zero_point=zp)
 
 
 def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
@@ -369,3 +459,78 @@ def fake_quant(x: jax.Array, spec: Spec, *, axis: int = -1) -> jax.Array:
   x = jnp.asarray(x)
   check_spec(spec, x.shape, x.dtype, axis)
   return _fake_quant(x, spec, axis)
+
+
+# --------------------------------------------------------------------------- learned scales (LSQ / LSQ+)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _learned_fake_quant(w, s, z, spec, axis):
+  q = quantize(w, spec, axis=axis, scale=s, zero_point=z)
+  q = lax.optimization_barrier(q)
+  return dequantize(q, w.dtype)
+
+
+def _learned_fake_quant_fwd(w, s, z, spec, axis):
+  return _learned_fake_quant(w, s, z, spec, axis), (w, s, z)
+
+
+def _learned_fake_quant_bwd(spec, axis, res, g):
+  w, s, z = res
+  wg = _groups(w.astype(jnp.float32), axis, spec.group_size)
+  gg = _groups(g.astype(jnp.float32), axis, spec.group_size)
+  s_b, zf = _int4_qparams(wg, spec, axis, s, z)  # the scale and zero point the forward used
+  s32 = s_b.astype(jnp.float32)
+  r = jnp.round(_div(wg, s32))
+  r_z = r if zf is None else r + zf
+  inside = (r_z >= spec.qmin) & (r_z <= spec.qmax)
+  q = jnp.clip(r_z, spec.qmin, spec.qmax)
+  zz = 0.0 if zf is None else zf
+  # LSQ (Esser et al. 2020): dŵ/ds = round(w/s) − w/s inside the range, (q − z) where clipped;
+  # gradient scale 1/sqrt(G · Qp) with G the weights sharing the scale and Qp = 7.
+  gscale = 1.0 / math.sqrt(spec.group_size * spec.qmax)
+  dws = jnp.where(inside, r - _div(wg, s32), q - zz)
+  grad_s = gscale * jnp.sum(gg * dws, axis=axis, keepdims=True)
+  # The floor and the storage-dtype rounding are passed straight through; below the floor s is frozen.
+  s_in = _scale_groups(jnp.asarray(s, jnp.float32), axis)
+  grad_s = jnp.where(s_in > _INT4_SCALE_FLOOR, grad_s, 0.0)
+  grad_s = _scale_shape(grad_s, axis).astype(jnp.asarray(s).dtype)
+  # Weights: straight through inside the range, zero where the code is clipped.
+  grad_w = _ungroup(jnp.where(inside, gg, 0.0), axis).astype(w.dtype)
+  grad_z = None
+  if z is not None:
+    # LSQ+ (Bhalgat et al. 2020) with an integer zero point: ŵ = (clip(round(w/s) + z) − z)·s, so
+    # dŵ/dz = 0 inside the range and −s where clipped; same gradient scale as s; round() passed through.
+    grad_z = gscale * jnp.sum(gg * jnp.where(inside, 0.0, -s32), axis=axis, keepdims=True)
+    grad_z = _scale_shape(grad_z, axis).astype(jnp.asarray(z).dtype)
+  return grad_w, grad_s, grad_z
+
+
+_learned_fake_quant.defvjp(_learned_fake_quant_fwd, _learned_fake_quant_bwd)
+
+
+def learned_fake_quant(w: jax.Array, scale: jax.Array, zero_point: jax.Array | None, spec: Int4, *,
+                       axis: int = -2) -> jax.Array:
+  """Fake quant with trainable group scales (and zero points): the learned-scale INT4 forward.
+
+  Forward: `dequantize(quantize(w, spec, axis=axis, scale=scale, zero_point=zero_point), w.dtype)`,
+  bit for bit — what the sampler serves from the same s and z.
+  Backward: w straight through inside the code range and 0 where clipped; s by LSQ
+  (Esser et al. 2020), z by LSQ+ (Bhalgat et al. 2020), both scaled by 1/sqrt(G · 7).
+
+  Args:
+    w: weights [.., K, ..] (float).
+    scale: float group scales, `w.shape` with `axis` divided by the group size.
+    zero_point: float group zero points of that shape (signed convention; used rounded), or None
+      (symmetric: z = 0).
+    spec: `Int4`; normally scheme="learned" (learn_zero_point iff a zero point is given).
+    axis: the group (contraction) axis.
+  """
+  w = jnp.asarray(w)
+  if not isinstance(spec, Int4):
+    raise ValueError(f"learned_fake_quant needs an Int4 spec; got {spec!r}")
+  if zero_point is not None and not spec.asymmetric:
+    raise ValueError(f"{spec}: a zero point was given but the spec has none (set learn_zero_point=True)")
+  ax = check_spec(spec, w.shape, w.dtype, axis)
+  _check_qparams(spec, w.shape, ax, scale, zero_point)
+  return _learned_fake_quant(w, scale, zero_point, spec, ax)

@@ -19,10 +19,11 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from lrl_jax.quant.qarray import QArray, dequantize, fake_quant, quantize
+from lrl_jax.quant.qarray import QArray, dequantize, fake_quant, learned_fake_quant, quantize
 from lrl_jax.quant.specs import Spec
 
-__all__ = ["QuantRules", "path_str", "quantize_params", "fake_quant_params", "dequantize_params"]
+__all__ = ["QuantRules", "path_str", "quantize_params", "fake_quant_params", "dequantize_params", "init_learned",
+           "SCALE_SUFFIX", "ZERO_SUFFIX"]
 
 # Excluded first: the first matching rule wins.
 DEFAULT_KEEP = (r"embed", r"lm_head", r"norm", r"router", r"gate/kernel$", r"bias$")
@@ -78,22 +79,122 @@ class QuantRules:
     return out
 
 
-def _map_selected(fn: Callable[[jax.Array, Spec], Any], params, rules: QuantRules):
-  def visit(kp, leaf):
-    spec = rules.spec_for(path_str(kp))
-    return leaf if spec is None else fn(leaf, spec)
+SCALE_SUFFIX = "_scale"  # learned INT4: `P/kernel_scale` sits next to `P/kernel`
+ZERO_SUFFIX = "_zero"  # and `P/kernel_zero` when the zero point is learned too
 
-  return jax.tree_util.tree_map_with_path(visit, params)
+
+def _is_sibling(key: str, node: dict) -> bool:
+  for suffix in (SCALE_SUFFIX, ZERO_SUFFIX):
+    if key.endswith(suffix) and key[:-len(suffix)] in node:
+      return True
+  return False
+
+
+def _map_selected(fn: Callable[..., Any], params, rules: QuantRules, *, drop_siblings: bool):
+  """Applies fn(leaf, spec, scale, zero, path) to the selected leaves of a tree of dicts.
+
+  Learned INT4 scales / zero points (`<name>_scale`, `<name>_zero` next to a selected leaf
+  `<name>`) are handed to fn and, with `drop_siblings`, left out of the result (the QArray
+  carries them). A learned spec whose scale is missing is an error naming the path.
+  """
+
+  def visit(node, prefix):
+    if not isinstance(node, dict):
+      spec = rules.spec_for(prefix)
+      if spec is None:
+        return node
+      _check_learned(spec, prefix, None, None)
+      return fn(node, spec, None, None, prefix)
+    out = {}
+    for k, v in node.items():
+      path = f"{prefix}/{k}" if prefix else str(k)
+      if isinstance(k, str) and _is_sibling(k, node) and not isinstance(v, dict):
+        if drop_siblings and rules.spec_for(path[:path.rindex("_")]) is not None:
+          continue
+        out[k] = v
+        continue
+      if isinstance(v, dict):
+        out[k] = visit(v, path)
+        continue
+      spec = rules.spec_for(path)
+      if spec is None:
+        out[k] = v
+        continue
+      scale, zero = node.get(f"{k}{SCALE_SUFFIX}"), node.get(f"{k}{ZERO_SUFFIX}")
+      _check_learned(spec, path, scale, zero)
+      out[k] = fn(v, spec, scale, zero, path)
+    return out
+
+  if not isinstance(params, dict):
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, leaf: leaf if rules.spec_for(path_str(kp)) is None
+        else fn(leaf, rules.spec_for(path_str(kp)), None, None, path_str(kp)), params)
+  return visit(params, "")
+
+
+def _check_learned(spec, path, scale, zero):
+  learned = getattr(spec, "learned", False)
+  if learned and scale is None:
+    raise ValueError(f"{path}: {spec} needs its learned scale `{path}{SCALE_SUFFIX}` next to it "
+                     f"(create it with quant.init_learned(params, rules))")
+  if learned and spec.learn_zero_point and zero is None:
+    raise ValueError(f"{path}: {spec} needs its learned zero point `{path}{ZERO_SUFFIX}` next to it "
+                     f"(create it with quant.init_learned(params, rules))")
+  if not learned and (scale is not None or zero is not None):
+    raise ValueError(f"{path}: has a learned scale / zero point next to it but the rules give {spec} "
+                     f"(scheme={getattr(spec, 'scheme', None)!r}); use Int4(scheme='learned')")
 
 
 def quantize_params(params, rules: QuantRules):
-  """Params tree -> the served tree: selected leaves become QArrays, the rest is unchanged."""
-  return _map_selected(lambda w, s: quantize(w, s, axis=rules.axis), params, rules)
+  """Params tree -> the served tree: selected leaves become QArrays, the rest is unchanged.
+
+  Learned INT4 scales / zero points next to a kernel are used as they are (never recomputed
+  from the weights) and move into its QArray.
+  """
+  return _map_selected(lambda w, spec, s, z, _: quantize(w, spec, axis=rules.axis, scale=s, zero_point=z),
+                       params, rules, drop_siblings=True)
 
 
 def fake_quant_params(params, rules: QuantRules):
-  """Params tree -> the same tree with selected leaves fake-quantized (straight-through gradient)."""
-  return _map_selected(lambda w, s: fake_quant(w, s, axis=rules.axis), params, rules)
+  """Params tree -> the same tree with selected leaves fake-quantized (straight-through gradient;
+  learned INT4 scales / zero points by LSQ / LSQ+, kept in the tree)."""
+
+  def one(w, spec, s, z, _):
+    if s is not None:
+      return learned_fake_quant(w, s.astype(jnp.float32), None if z is None else z.astype(jnp.float32), spec,
+                                axis=rules.axis)
+    return fake_quant(w, spec, axis=rules.axis)
+
+  return _map_selected(one, params, rules, drop_siblings=False)
+
+
+def init_learned(params, rules: QuantRules):
+  """Adds learned INT4 scales (and zero points) next to each selected kernel whose spec is learned.
+
+  `P/kernel_scale` float32 [.., K/G, ..] starts at the absmax scale (minmax when the zero point is
+  learned) of the kernel, `P/kernel_zero` float32 at the minmax zero point (signed convention).
+  Leaves that already have them keep theirs (a restored checkpoint). Other specs: tree unchanged.
+  """
+
+  def visit(node, prefix):
+    out = dict(node)
+    for k, v in node.items():
+      path = f"{prefix}/{k}" if prefix else str(k)
+      if isinstance(v, dict):
+        out[k] = visit(v, path)
+        continue
+      spec = rules.spec_for(path)
+      if spec is None or not getattr(spec, "learned", False) or f"{k}{SCALE_SUFFIX}" in node:
+        continue
+      q = quantize(v, spec, axis=rules.axis)
+      out[f"{k}{SCALE_SUFFIX}"] = q.scale.astype(jnp.float32)
+      if spec.learn_zero_point:
+        out[f"{k}{ZERO_SUFFIX}"] = q.zero_point.astype(jnp.float32)
+    return out
+
+  if not isinstance(params, dict):
+    raise ValueError(f"init_learned expects a tree of dicts; got {type(params).__name__}")
+  return visit(params, "")
 
 
 def dequantize_params(served, dtype=jnp.float32):

@@ -23,32 +23,68 @@ INT4_MAX = 7  # symmetric INT4 codes live in [-7, 7]; -8 is never produced
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Int4:
-  """Symmetric group-wise INT4 (W4A16), as slime / compressed-tensors `pack-quantized`.
+  """Group-wise INT4 (W4A16): codes q, a scale s and a zero point z per group; ŵ = (q − z) · s.
 
-  s = max(amax_group / 7, 1e-5), rounded to `scale_dtype` before use;
-  q = clip(round_half_even(w / s), -7, 7); ŵ = q · s.
+  Schemes (`scheme`), all with s rounded to `scale_dtype` before use and round-half-to-even codes:
+    absmax (slime / compressed-tensors `pack-quantized`, symmetric): s = max(amax / 7, 1e-5),
+      z = 0, q = clip(round(w / s), -7, 7).
+    minmax (asymmetric, AWQ / compressed-tensors asymmetric): over the group with 0 included,
+      lo = min(min w, 0), hi = max(max w, 0); s = max((hi − lo) / 15, 1e-5);
+      z_u = clip(round(−lo / s), 0, 15) and u = clip(round(w / s) + z_u, 0, 15) in the unsigned
+      convention, i.e. z = z_u − 8 and q = u − 8 in [-8, 7] in the signed one stored here.
+    learned (LSQ, Esser et al. 2020; LSQ+ zero point, Bhalgat et al. 2020): s (and z when
+      `learn_zero_point`) are trainable parameters next to the kernel (`kernel_scale`, `kernel_zero`),
+      initialised by absmax (or minmax with a zero point); the forward uses s and round(z) clipped
+      to [-8, 7]: q = clip(round(w / s) + z, -8, 7), the full INT4 range.
 
   Attributes:
     group_size: elements per group along the quantized (contraction) axis.
     scale_dtype: storage dtype of the group scales (bf16 in slime and vLLM).
+    scheme: "absmax", "minmax" or "learned".
+    learn_zero_point: learned scheme only: train a zero point per group as well (asymmetric).
   """
 
   group_size: int = 128
   scale_dtype: str = "bfloat16"
+  scheme: Literal["absmax", "minmax", "learned"] = "absmax"
+  learn_zero_point: bool = False
 
   def __post_init__(self):
     if self.group_size not in (16, 32, 64, 128, 256):
       raise ValueError(f"Int4.group_size must be one of 16, 32, 64, 128, 256; got {self.group_size}")
     if self.scale_dtype not in ("bfloat16", "float16", "float32"):
       raise ValueError(f"Int4.scale_dtype must be bfloat16, float16 or float32; got {self.scale_dtype!r}")
+    if self.scheme not in ("absmax", "minmax", "learned"):
+      raise ValueError(f"Int4.scheme must be 'absmax', 'minmax' or 'learned'; got {self.scheme!r}")
+    if self.learn_zero_point and self.scheme != "learned":
+      raise ValueError(f"Int4.learn_zero_point needs scheme='learned'; got scheme={self.scheme!r}")
 
   @property
   def block(self) -> int:
     return self.group_size
 
   @property
+  def qmin(self) -> int:
+    """Smallest signed code: -7 for absmax (symmetric, -8 never produced), else -8."""
+    return -INT4_MAX if self.scheme == "absmax" else -8
+
+  @property
+  def qmax(self) -> int:
+    return INT4_MAX
+
+  @property
+  def asymmetric(self) -> bool:
+    """Whether quantized arrays carry a zero point per group."""
+    return self.scheme == "minmax" or self.learn_zero_point
+
+  @property
+  def learned(self) -> bool:
+    return self.scheme == "learned"
+
+  @property
   def name(self) -> str:
-    return f"int4_g{self.group_size}"
+    suffix = {"absmax": "", "minmax": "_minmax", "learned": "_lsq"}[self.scheme]
+    return f"int4_g{self.group_size}{suffix}" + ("z" if self.learn_zero_point else "")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from lrl_jax import learner as L
 from lrl_jax import losses
 from lrl_jax import models
+from lrl_jax import quant
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBatch, RolloutBuffer
 from lrl_jax.rl.setup import Setup, build_model, delta_scale, learner_config, learner_mesh, new_state
@@ -155,16 +156,37 @@ def _sft_step(params, opt_state, tokens, valid, mask, *, model_cfg, lcfg):
   return optax.apply_updates(params, updates), opt_state, loss
 
 
+def prepare_qat_params(cfg, params):
+  """The starting parameters under the learner's QAT options, before any step.
+
+  `learner.qat_init=grid`: the quantized kernels are snapped to their own INT4 grid
+  (`quant.int4_aware_init`; for a pretrained model that is a one-time quantization of the masters).
+  `quant.int4_scheme=learned`: the learned scales (and zero points) are added next to the kernels
+  (`quant.init_learned`), so that the warm-up already trains them.
+  """
+  lcfg = learner_config(cfg)
+  if params is None or lcfg.qat is None or cfg.lora.enabled:
+    return params
+  if lcfg.qat_init == "grid":
+    params = quant.int4_aware_init(params, lcfg.qat_rules, dtype=jnp.dtype(lcfg.compute_dtype))
+  if getattr(lcfg.qat, "learned", False):
+    params = quant.init_learned(params, lcfg.qat_rules)
+  return params
+
+
 def supervised_warmup(cfg, setup: Setup, params, *, logger: M.MetricsLogger | None = None,
                       progress: bool = True):
   """`run.sft_steps` steps of cross-entropy on the task's answers (+ EOS), with the learner's optimizer
   (AdamW, `learner.sft_lr`) and numerics (QAT forward when `quant.learner` is set). Returns the params."""
+  params = prepare_qat_params(cfg, params)
   steps = cfg.run.sft_steps
   if steps == 0:
     return params
   lcfg = learner_config(cfg, lr=cfg.learner.sft_lr or cfg.learner.lr).replace(
       schedule="constant", warmup_steps=0, total_steps=None, micro_batches=1, correction="none",
       correction_level=None)
+  if lcfg.qat_fades:  # QAT is scheduled on the RL steps: the warm-up runs without it
+    lcfg = lcfg.replace(qat=None, qat_start_step=0, qat_warmup_steps=0, qat_init="default", int4_update_clip=None)
   n = cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
   params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32), params)
   opt_state = L.make_optimizer(lcfg).init(params)

@@ -110,6 +110,10 @@ def _learner_config(cfg, lrn, cor, val, lr, total) -> L.LearnerConfig:
       micro_batches=lrn.micro_batches,
       compute_dtype=lrn.compute_dtype,
       qat=cfg.quant.learner_spec,
+      qat_start_step=lrn.qat_start_step,
+      qat_warmup_steps=lrn.qat_warmup_steps,
+      qat_init=lrn.qat_init,
+      int4_update_clip=lrn.int4_update_clip,
       remat=lrn.remat,
       policy_loss="gspo" if lrn.policy_loss == "gspo" else "ppo",  # grpo / ppo: the clipped surrogate
       clip_eps_low=lrn.clip_eps_low,

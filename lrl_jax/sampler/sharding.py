@@ -54,7 +54,8 @@ def param_shardings(served, mesh, rules=SAMPLER_RULES):
     if isinstance(leaf, quant.QArray):
       f = lambda n, a: None if a is None else NamedSharding(mesh, partition_spec(n, a.shape, mesh, rules))
       return quant.QArray(codes=f(names.codes, leaf.codes), scale=f(names.scale, leaf.scale),
-                          global_scale=f(names.global_scale, leaf.global_scale), spec=leaf.spec, axis=leaf.axis)
+                          global_scale=f(names.global_scale, leaf.global_scale), spec=leaf.spec, axis=leaf.axis,
+                          zero_point=f(names.zero_point, leaf.zero_point))
     return NamedSharding(mesh, partition_spec(names, leaf.shape, mesh, rules))
 
   return jax.tree_util.tree_map(one, axes, served, is_leaf=lambda x: isq(x) or isinstance(x, tuple))

@@ -259,3 +259,47 @@ def test_load_compressed_tensors_errors(tmp_path):
   (d / "config.json").write_text(json.dumps(conf))
   with pytest.raises(ValueError, match=r"config\.json: unsupported compressed-tensors scheme"):
     hf.load_compressed_tensors(d)
+
+
+@pytest.mark.parametrize("spec", [Int4(group_size=32, scheme="minmax"),
+                                  Int4(group_size=32, scheme="learned", learn_zero_point=True)], ids=lambda s: s.name)
+def test_int4_asymmetric_zero_points_layout_and_roundtrip(tmp_path, spec):
+  """symmetric: false; weight_zero_point int32 [N/8, K/G]: signed z packed eight per word along N (code i of
+  column g of word row j at bits 4i is z[8j + i, g] + 8). Export -> import keeps s and z bit for bit."""
+  cfg = cfg_for("llama", tied=True)
+  params = rand_params(cfg)
+  rules = QuantRules.default(spec)
+  if spec.learned:
+    params = quant.init_learned(params, rules)
+    rng = np.random.default_rng(3)
+    params = jax.tree_util.tree_map_with_path(
+        lambda kp, x: x * jnp.asarray(rng.uniform(0.8, 1.2, x.shape), jnp.float32)
+        if quant.path_str(kp).endswith("_scale") else (x + 1.4 if quant.path_str(kp).endswith("_zero") else x),
+        params)
+  d = hf.export_compressed_tensors(tmp_path / "ct", cfg, params, spec)
+  (group,) = json.loads((d / "config.json").read_text())["quantization_config"]["config_groups"].values()
+  assert group["weights"]["symmetric"] is False
+  t = read_all(d)
+  from lrl_jax.sampler import serve_params
+  served_ref = serve_params(params, rules, dtype=jnp.bfloat16)
+  for name in ("k_proj", "down_proj"):
+    q = served_ref["layers"][PROJ[name]][name]["kernel"]
+    z = np.asarray(q.zero_point).astype(np.int64)  # [L, K/G, N]
+    for layer in range(cfg.num_layers):
+      zt = z[layer].T  # [N, K/G]
+      n = zt.shape[0]
+      words = np.zeros((n // 8, zt.shape[1]), np.uint64)
+      for i in range(8):
+        words |= (zt[i::8] + 8).astype(np.uint64) << np.uint64(4 * i)
+      mod = f"model.layers.{layer}.{'self_attn' if PROJ[name] == 'attn' else 'mlp'}.{name}"
+      got = t[mod + ".weight_zero_point"]
+      assert got.dtype == np.int32 and got.shape == words.shape
+      np.testing.assert_array_equal(got.view(np.uint32), words.astype(np.uint32), err_msg=mod)
+  _, served = hf.load_compressed_tensors(d)
+  for name in PROJ:
+    a, b = served["layers"][PROJ[name]][name]["kernel"], served_ref["layers"][PROJ[name]][name]["kernel"]
+    assert a.spec == Int4(group_size=32, scheme="minmax")  # the file records asymmetric, not how s was found
+    np.testing.assert_array_equal(np.asarray(a.codes), np.asarray(b.codes))
+    np.testing.assert_array_equal(np.asarray(a.scale).view(np.uint16), np.asarray(b.scale).view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(a.zero_point), np.asarray(b.zero_point))
+    np.testing.assert_array_equal(np.asarray(dequantize(a)), np.asarray(dequantize(b)))

@@ -186,7 +186,7 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
 # --------------------------------------------------------------------------- compressed-tensors
 
 
-@pytest.mark.parametrize("spec_name", ["int4", "nvfp4"])
+@pytest.mark.parametrize("spec_name", ["int4", "int4_minmax", "int4_lsq", "int4_lsqz", "nvfp4"])
 def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
   """transformers + the `compressed-tensors` package decompress our export to our weights.
 
@@ -199,10 +199,21 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
 
   from lrl_jax import quant
 
-  spec = quant.Int4(group_size=32) if spec_name == "int4" else quant.NVFP4()
+  spec = {"int4": quant.Int4(group_size=32), "int4_minmax": quant.Int4(group_size=32, scheme="minmax"),
+          "int4_lsq": quant.Int4(group_size=32, scheme="learned"),
+          "int4_lsqz": quant.Int4(group_size=32, scheme="learned", learn_zero_point=True),
+          "nvfp4": quant.NVFP4()}[spec_name]
   model = _random_model("llama", seed=4)
   model.save_pretrained(tmp_path / "src", safe_serialization=True)
   cfg, params = hf.load_hf(tmp_path / "src", compute_dtype="float32")
+  if spec.__class__ is quant.Int4 and spec.learned:
+    # Learned scales and zero points, moved off their initial values, are what gets written.
+    params = quant.init_learned(params, quant.QuantRules.default(spec))
+    rng = np.random.default_rng(5)
+    params = jax.tree_util.tree_map_with_path(
+        lambda kp, x: x * jnp.asarray(rng.uniform(0.8, 1.2, x.shape), jnp.float32)
+        if quant.path_str(kp).endswith("_scale") else (x + jnp.asarray(rng.integers(-2, 3, x.shape), jnp.float32)
+                                                      if quant.path_str(kp).endswith("_zero") else x), params)
   hf.export_compressed_tensors(tmp_path / "ct", cfg, params, spec)
   _, served = hf.load_compressed_tensors(tmp_path / "ct")
   ours = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), quant.dequantize_params(served))
@@ -220,8 +231,15 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
         ulp = np.abs(mine) * 2.0 ** -7
         worst = max(worst, float(np.max(np.abs(theirs - mine) / np.maximum(ulp, 1e-30))))
   print(f"\n{spec_name}: compressed-tensors weights vs bf16(ours): max diff {worst:.3g} bf16 ulp")
-  assert worst == 0.0 if spec_name == "int4" else worst <= 1.0
-  if spec_name == "int4":
+  assert worst == 0.0 if spec_name.startswith("int4") else worst <= 1.0
+  if spec_name.startswith("int4"):
+    # What transformers serves is what our sampler serves from the same (learned) scales.
+    from lrl_jax.sampler import serve_params
+    mine = quant.dequantize_params(serve_params(params, spec, dtype=jnp.bfloat16))  # the export quantizes the bf16 cast
+    for n in ("q_proj", "down_proj"):
+      g = "attn" if n == "q_proj" else "mlp"
+      np.testing.assert_array_equal(np.asarray(mine["layers"][g][n]["kernel"]),
+                                    np.asarray(ours["layers"][g][n]["kernel"]))
     ids = np.arange(12).reshape(1, 12) % cfg.vocab_size
     bf = jax.tree_util.tree_map(lambda x: jnp.asarray(x.astype(ml_dtypes.bfloat16).astype(np.float32)), ours)
     logits, _ = _forward(bf, jnp.asarray(ids, jnp.int32), cfg)
