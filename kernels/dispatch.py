@@ -81,8 +81,6 @@ def _pallas_reason(x, q, backend: str) -> str | None:
     if cc is not None and cc < 8.9:
       # The kernels convert e4m3 scales / codes in registers: Triton's fp8e4nv needs sm_89+.
       return f"{q.spec.name} kernel needs FP8 conversions (sm_89+); this GPU is sm_{cc:g}"
-  if q.zero_point is not None:
-    return f"{q.spec.name} has zero points (asymmetric INT4); the kernels decode symmetric codes only"
   if q.ndim != 2:
     return f"QArray of shape {q.shape} is a stack; the kernels take one [K, N] matrix"
   if q.axis != -2:

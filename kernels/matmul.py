@@ -4,7 +4,7 @@
 written to HBM. One kernel body serves every format; only the decoding of a tile of
 codes and of its scales differs:
 
-  Int4(G)  ŵ = (nibble − 8) · f32(s)               codes uint8 [K/2, N], s [K/G, N]
+  Int4(G)  ŵ = (nibble − 8 − z) · f32(s)           codes uint8 [K/2, N], s [K/G, N], z int8 [K/G, N] or none
   NVFP4    ŵ = e2m1(nibble) · f32(s_b) · dec       codes uint8 [K/2, N], s_b e4m3 [K/16, N], dec f32
   FP8      ŵ = f32(code) · s                       codes e4m3 [K, N], s f32 [1, N] or [K/b, N/b]
   MXFP8    ŵ = f32(code) · 2^(e − 127)             codes e4m3 [K, N], e uint8 view of e8m0 [K/32, N]
@@ -87,12 +87,19 @@ def _expand_rows(s: jax.Array, rows: int) -> jax.Array:
   return jnp.broadcast_to(s[:, None, :], (sr, rows // sr, c)).reshape(rows, c)
 
 
-def _tile_product(x_tiles, c, s, gs, *, spec, x_dtype, precision):
-  """Σ_planes x_p @ round_{x.dtype}(ŵ_p) in f32 for one K chunk. x_p [bm, r], c [r, bn] -> [bm, bn]."""
+def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision):
+  """Σ_planes x_p @ round_{x.dtype}(ŵ_p) in f32 for one K chunk. x_p [bm, r], c [r, bn] -> [bm, bn].
+
+  z: INT4 zero points of the chunk's groups (int8, the scale's shape) or None: ŵ = (q − z)·s.
+  """
   sf = _expand_rows(_decode_scale(s, spec), c.shape[0])
+  zf = None if z is None else _expand_rows(z.astype(jnp.int32).astype(jnp.float32), c.shape[0])
   acc = None
   for p, xt in enumerate(x_tiles):
-    w = _decode_codes(c, spec, p) * sf
+    q = _decode_codes(c, spec, p)
+    if zf is not None:
+      q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
+    w = q * sf
     if gs is not None:
       w = w * gs  # (e2m1 · s_b) · dec: the order of dequantize, for identical rounding
     d = jnp.dot(xt, w.astype(x_dtype), preferred_element_type=jnp.float32, precision=precision)
@@ -100,10 +107,11 @@ def _tile_product(x_tiles, c, s, gs, *, spec, x_dtype, precision):
   return acc
 
 
-def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, x_dtype, precision, chunks: int):
+def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype, precision, chunks: int):
   x_refs = refs[:n_x]
   c_ref, s_ref = refs[n_x], refs[n_x + 1]
-  gs = refs[n_x + 2][...] if has_gs else None
+  z_ref = refs[n_x + 2] if has_zp else None
+  gs = refs[n_x + 2 + int(has_zp)][...] if has_gs else None
   o_ref = refs[-1]
   tile = functools.partial(_tile_product, spec=spec, x_dtype=x_dtype, precision=precision)
 
@@ -113,7 +121,7 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, x_dtype, precision, ch
     def _():
       o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
 
-    o_ref[...] += tile([r[...] for r in x_refs], c_ref[...], s_ref[...], gs)
+    o_ref[...] += tile([r[...] for r in x_refs], c_ref[...], s_ref[...], gs, None if z_ref is None else z_ref[...])
     return
 
   rows = p.bk // 2 if p.packed else p.bk  # code (and x-plane) rows per chunk
@@ -123,8 +131,10 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, x_dtype, precision, ch
     r0 = pl.multiple_of(t * rows, rows)
     xt = [r[:, pl.ds(r0, rows)] for r in x_refs]
     c = c_ref[pl.ds(r0, rows), :]
-    s = s_ref[...] if p.channel else s_ref[pl.ds(pl.multiple_of(t * srows, srows), srows), :]
-    return acc + tile(xt, c, s, gs)
+    srow = pl.ds(pl.multiple_of(t * srows, srows), srows)
+    s = s_ref[...] if p.channel else s_ref[srow, :]
+    z = None if z_ref is None else z_ref[srow, :]
+    return acc + tile(xt, c, s, gs, z)
 
   acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape, jnp.float32))
   o_ref[...] = acc
@@ -159,9 +169,6 @@ def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
                      "slice stacked layers first (lax.scan / indexing)")
   if q.axis != -2:
     raise ValueError(f"{name}: weight [K, N] must be quantized along K (axis=-2), got axis={q.axis}")
-  if q.zero_point is not None:
-    raise ValueError(f"{name}: {q.spec} carries zero points (asymmetric INT4); the kernels read symmetric codes "
-                     "only — use kernels.qmatmul, which serves it through XLA")
   if x.ndim < 1 or x.shape[-1] != q.shape[0]:
     raise ValueError(f"{name}: activations {tuple(x.shape)} do not contract with weight {q.shape} "
                      f"(x [..., K] @ w [K, N])")
@@ -180,6 +187,9 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   if isinstance(q.spec, quant.MXFP8):
     scale = lax.bitcast_convert_type(scale, jnp.uint8)  # a view: e8m0 is decoded in-kernel
   operands = [*xs, q.codes, scale]
+  has_zp = q.zero_point is not None
+  if has_zp:
+    operands.append(q.zero_point)  # int8 [K/G, N], tiled like the scales
   has_gs = isinstance(q.spec, quant.NVFP4)
   if has_gs:
     operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))
@@ -196,6 +206,8 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       in_specs.append(pl.BlockSpec((1, scale_cols), lambda i, j, t: (0, j)))
     else:
       in_specs.append(pl.BlockSpec((p.bk // p.kg, scale_cols), lambda i, j, t: (t, j)))
+    if has_zp:
+      in_specs.append(pl.BlockSpec((p.bk // p.kg, scale_cols), lambda i, j, t: (t, j)))
     out_shape = jax.ShapeDtypeStruct((p.m_pad, n), jnp.float32)
     out_spec = pl.BlockSpec((p.bm, p.bn), lambda i, j, t: (i, j))
     chunks = 1
@@ -209,6 +221,8 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       in_specs.append(pl.BlockSpec((1, scale_cols), lambda i, j, s: (0, j)))
     else:
       in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
+    if has_zp:
+      in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
     out_shape = jax.ShapeDtypeStruct((p.split_k, p.m_pad, n), jnp.float32)
     out_spec = pl.BlockSpec((pl.squeezed, p.bm, p.bn), lambda i, j, s: (s, i, j))
     chunks = ks // p.bk
@@ -216,7 +230,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
     in_specs.append(pl.BlockSpec((1, 1), lambda *_: (0, 0)))
 
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
-  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, x_dtype=x.dtype,
+  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, has_zp=has_zp, x_dtype=x.dtype,
                              precision=precision, chunks=chunks)
   out = pl.pallas_call(
       kernel,

@@ -14,7 +14,8 @@ from jax import export
 from lrl_jax import quant
 from lrl_jax.kernels import BlockConfig, pallas_matmul
 
-SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.NVFP4(), quant.FP8(),
+SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.Int4(group_size=32, scheme="minmax"),
+         quant.NVFP4(), quant.FP8(),
          quant.FP8(granularity="block"), quant.MXFP8()]
 CUSTOM_CALL = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
 

@@ -25,6 +25,7 @@ SPECS = {
     "int4_g32": quant.Int4(group_size=32),
     "int4_g64": quant.Int4(group_size=64),
     "int4_g128": quant.Int4(group_size=128),
+    "int4_g32_minmax": quant.Int4(group_size=32, scheme="minmax"),  # zero points: ŵ = (q − z)·s
     "nvfp4": quant.NVFP4(),
     "fp8_channel": quant.FP8(),
     "fp8_block": quant.FP8(granularity="block"),
@@ -54,7 +55,8 @@ def _np_dequant(q: quant.QArray) -> np.ndarray:
     nib[0::2], nib[1::2] = codes & 0xF, codes >> 4  # element 2i in the low nibble
     s = np.repeat(np.asarray(q.scale.astype(jnp.float32)), spec.block, axis=0)
     if isinstance(spec, quant.Int4):
-      return ((nib - 8).astype(f32) * s).astype(np.float64)
+      z = 0 if q.zero_point is None else np.repeat(np.asarray(q.zero_point).astype(np.int64), spec.block, axis=0)
+      return ((nib - 8 - z).astype(f32) * s).astype(np.float64)
     vals = (np.where(nib & 8, -1.0, 1.0) * E2M1[nib & 7]).astype(f32)
     return (vals * s * np.asarray(q.global_scale, f32)).astype(np.float64)
   c = codes.view(ml_dtypes.float8_e4m3fn).astype(f32)
@@ -114,7 +116,7 @@ def test_kernel_matches_reference(qweights, fmt, dtype_name, m, target):
 
 
 @pytest.mark.parametrize("target", ["gpu", "tpu"])
-@pytest.mark.parametrize("fmt", ["int4_g32", "nvfp4", "fp8_channel", "mxfp8"])
+@pytest.mark.parametrize("fmt", ["int4_g32", "int4_g32_minmax", "nvfp4", "fp8_channel", "mxfp8"])
 def test_several_k_steps(fmt, target):
   """K = 1024: TPU accumulates over 4 sequential K grid steps (bk = 256); GPU runs split-K 2 x 2 chunks."""
   k = 1024
