@@ -6,6 +6,7 @@ Frozen and hashable (a static argument of the jit'd step), validated in `__post_
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Literal
 
 import jax.numpy as jnp
@@ -45,6 +46,9 @@ class LearnerConfig:
       weights stay float32 and are cast per matmul; log-probs and losses are float32.
     qat: a `quant` spec (Int4, FP8, MXFP8, NVFP4): the forward fake-quantizes the layer kernels
       `QuantRules.default(qat)` selects, exactly as the sampler serves them; None: no QAT.
+    qat_targets: regex on '/'-joined parameter paths of the kernels QAT fake-quantizes (default: every
+      attention / MLP projection); embeddings, lm_head, norms, routers and biases are always kept. Must
+      select what the sampler serves (`rl` passes `quant.targets`).
     qat_start_step: the learner step (`TrainState.step`) at which QAT switches on; before it the
       forward is plain (float). 0: from the start.
     qat_warmup_steps: fade QAT in over this many steps from `qat_start_step`: the selected kernels
@@ -91,6 +95,7 @@ class LearnerConfig:
   micro_batches: int = 1
   compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"
   qat: quant.Spec | None = None
+  qat_targets: str = quant.rules.DEFAULT_QUANTIZE[0]
   qat_start_step: int = 0
   qat_warmup_steps: int = 0
   qat_init: Literal["default", "grid"] = "default"
@@ -159,6 +164,10 @@ class LearnerConfig:
     if self.qat is not None:
       if not isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
         bad("qat", "None or a quant spec (Int4, FP8, MXFP8, NVFP4)")
+    try:
+      re.compile(self.qat_targets)
+    except (re.error, TypeError) as e:
+      raise ValueError(f"LearnerConfig.qat_targets must be a regular expression; got {self.qat_targets!r} ({e})")
     for name in ("qat_start_step", "qat_warmup_steps"):
       if not (is_int(getattr(self, name)) and getattr(self, name) >= 0):
         bad(name, "an int >= 0")
@@ -218,8 +227,12 @@ class LearnerConfig:
 
   @property
   def qat_rules(self) -> quant.QuantRules | None:
-    """`QuantRules.default(qat)` (the rules the sampler quantizes with), or None."""
-    return None if self.qat is None else quant.QuantRules.default(self.qat)
+    """The rules of the QAT forward (the `qat_targets` kernels -> `qat`; the rules the sampler quantizes with),
+    or None."""
+    if self.qat is None:
+      return None
+    keep = tuple((p, None) for p in quant.rules.DEFAULT_KEEP)
+    return quant.QuantRules(rules=keep + ((self.qat_targets, self.qat),))
 
   @property
   def qat_fades(self) -> bool:

@@ -110,6 +110,7 @@ def _learner_config(cfg, lrn, cor, val, lr, total) -> L.LearnerConfig:
       micro_batches=lrn.micro_batches,
       compute_dtype=lrn.compute_dtype,
       qat=cfg.quant.learner_spec,
+      qat_targets=cfg.quant.targets,
       qat_start_step=lrn.qat_start_step,
       qat_warmup_steps=lrn.qat_warmup_steps,
       qat_init=lrn.qat_init,

@@ -292,6 +292,11 @@ def test_config_keys_reach_the_learner_and_the_sampler():
   assert lcfg.qat == LSQZ and lcfg.qat_init == "grid" and lcfg.int4_update_clip == 2.0
   assert (lcfg.qat_start_step, lcfg.qat_warmup_steps) == (5, 10)
   assert sync_spec(cfg).rules.spec_for("layers/mlp/up_proj/kernel") == LSQZ  # the sampler serves the same scheme
+  # quant.targets narrows what the sampler serves and, the same, what the learner fake-quantizes.
+  narrow = load_config(None, ["quant.learner=int4", "quant.sampler=int4", r"quant.targets=(q|k)_proj/kernel$"])
+  for rules in (learner_config(narrow).qat_rules, sync_spec(narrow).rules):
+    assert rules.spec_for("layers/attn/q_proj/kernel") is not None
+    assert rules.spec_for("layers/mlp/up_proj/kernel") is None
   with pytest.raises(ConfigError, match="int4_scheme"):
     load_config(None, ["quant.sampler=int4", "quant.int4_scheme=learned"])  # learned needs the learner's QAT
   with pytest.raises(ConfigError, match="int4_zero_point"):
