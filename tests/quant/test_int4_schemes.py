@@ -293,7 +293,8 @@ def test_config_keys_reach_the_learner_and_the_sampler():
   assert (lcfg.qat_start_step, lcfg.qat_warmup_steps) == (5, 10)
   assert sync_spec(cfg).rules.spec_for("layers/mlp/up_proj/kernel") == LSQZ  # the sampler serves the same scheme
   # quant.targets narrows what the sampler serves and, the same, what the learner fake-quantizes.
-  narrow = load_config(None, ["quant.learner=int4", "quant.sampler=int4", r"quant.targets=(q|k)_proj/kernel$"])
+  narrow = load_config(None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32",
+                              r"quant.targets=(q|k)_proj/kernel$"])
   for rules in (learner_config(narrow).qat_rules, sync_spec(narrow).rules):
     assert rules.spec_for("layers/attn/q_proj/kernel") is not None
     assert rules.spec_for("layers/mlp/up_proj/kernel") is None
