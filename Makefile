@@ -24,13 +24,13 @@ demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
 test: $(STAMP)  ## the default suite (< 15 min on 2 CPU cores)
-	$(PYTEST) -m "not slow and not ref"
+	$(PYTEST) -m "not slow and not ref and not device"
 
 test-ref: $(REF)  ## parity tests against torch / transformers; a skip here is a failure
 	LRL_JAX_REQUIRE_REF=1 $(PYTEST) -m ref
 
 test-slow: $(REF)  ## checks too slow for the default suite
-	$(PYTEST) -m "slow and not ref"
+	$(PYTEST) -m "slow and not ref and not device"
 
 bench: $(STAMP)  ## kernel benchmark (quick sizes on CPU)
 	$(BIN)/lrl-jax bench kernels --quick

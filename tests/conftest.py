@@ -19,6 +19,10 @@ import pytest  # noqa: E402
 collect_ignore = []
 if os.environ.get("LRL_JAX_REQUIRE_REF") != "1" and importlib.util.find_spec("torch") is None:
   collect_ignore.append("models/test_parity_ref.py")
+# Compiled-kernel tests need a GPU / TPU: collected only when asked for (scripts/device_check.sh sets
+# LRL_JAX_REQUIRE_DEVICE=1; there a CPU-only backend is an error, not a skip).
+if os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1":
+  collect_ignore.append("device")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device run for issue #3 (kernels) on a GPU (or TPU) machine: the compiled-kernel tests and the
+# decode benchmark, results under $OUT (default ./device_out). Prepare the wheels here first:
+#   bash ../shared/gpu/prepare-wheels.sh      # aqtp, gguf -> .whl/ (the device lacks them)
+# then run this script there with `.whl` carried. It installs them and the project (editable, no deps),
+# runs `pytest -m device` with LRL_JAX_REQUIRE_DEVICE=1 (no accelerator = failure, not a skip), and the
+# benchmark at the #3 targets: 8192x8192 and 4096x14336, M = 1, 8, 16 (ratios to bf16 in one run).
+set -u
+OUT=${OUT:-device_out}; mkdir -p "$OUT"
+if [ -d .whl ]; then
+  SITE=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || cat "$OUT/install.log"
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; \
+  python3 -c "import jax; print(jax.__version__, jax.devices())"; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+LRL_JAX_REQUIRE_DEVICE=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -m device tests/device \
+  > "$OUT/device_tests.txt" 2>&1; echo "device tests exit $?" | tee -a "$OUT/device_tests.txt"
+tail -5 "$OUT/device_tests.txt"
+timeout 240 python3 -m lrl_jax.kernels.bench --shapes 8192x8192,4096x14336 --m 1,8,16 --iters 50 \
+  > "$OUT/bench.md" 2>&1; echo "bench exit $?" >> "$OUT/bench.md"
+cat "$OUT/bench.md"
