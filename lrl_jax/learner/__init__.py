@@ -32,6 +32,7 @@ from lrl_jax.learner.step import (
     NonFiniteError,
     NonFiniteGuard,
     compute_old_logprobs,
+    learned_qat_start,
     compute_values,
     logprobs_from_logits,
     token_logprobs,
@@ -47,6 +48,6 @@ __all__ = [
     "TrainState", "create_train_state", "make_optimizer", "make_schedule", "trainable_params",
     "replace_trainable", "state_shardings", "step_key",
     "Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values", "train_step",
-    "NonFiniteGuard", "NonFiniteError",
+    "learned_qat_start", "NonFiniteGuard", "NonFiniteError",
     "Checkpointer", "abstract_state", "initialize_distributed",
 ]

@@ -195,7 +195,8 @@ def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, lora: LoraConfig | None
     if params is None:
       params = init_params(mcfg, k_params)
     if lora is None and getattr(cfg.qat, "learned", False):
-      params = quant.init_learned(params, cfg.qat_rules)  # learned INT4 scales next to the kernels (kept if present)
+      # learned INT4 scales next to the kernels (kept if present), from the cast the QAT matmul sees
+      params = quant.init_learned(params, cfg.qat_rules, dtype=jnp.dtype(cfg.compute_dtype))
     adapters = None if lora is None else init_lora(model_cfg, lora, k_lora)
     vh = None
     if value_head:

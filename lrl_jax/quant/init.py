@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 
 from lrl_jax.quant.optim import _flat, _is_sibling
-from lrl_jax.quant.qarray import _INT4_SCALE_FLOOR, dequantize, fake_quant, quantize
+from lrl_jax.quant.qarray import dequantize, fake_quant, quantize
 from lrl_jax.quant.rules import SCALE_SUFFIX, ZERO_SUFFIX, QuantRules, path_str
-from lrl_jax.quant.specs import Int4
+from lrl_jax.quant.specs import INT4_SCALE_FLOOR, Int4
 
 __all__ = ["int4_aware_init", "grid_residual", "next_token_kl", "policy_jolt"]
 
@@ -66,7 +66,7 @@ def _minmax_snap(x, spec: Int4, axis):
   top = (spec.qmax - z) * s  # the value of the largest code
   hi = jnp.max(wg, axis=ax + 1, keepdims=True)
   # A group at the 1e-5 scale floor is a fixed point already (the floor comes back whatever its range).
-  floor = jnp.asarray(_INT4_SCALE_FLOOR, jnp.float32).astype(jnp.dtype(spec.scale_dtype)).astype(jnp.float32)
+  floor = jnp.asarray(INT4_SCALE_FLOOR, jnp.float32).astype(jnp.dtype(spec.scale_dtype)).astype(jnp.float32)
   need = (hi < top) & (s > floor) & jnp.isfinite(hi)
   xg = x.astype(jnp.float32).reshape(wg.shape)
   first = jax.nn.one_hot(jnp.argmax(xg, axis=ax + 1), G, axis=ax + 1, dtype=bool)  # the largest input element
@@ -80,10 +80,10 @@ def _leaf_fixed_point(w, spec, axis, scale, zero, dtype, max_iters, path):
     x = _minmax_snap(x, spec, axis)
   for i in range(max_iters):
     y = _fake(x, spec, axis, scale, zero)
-    if bool(jnp.array_equal(y, x)):
+    if bool(jnp.array_equal(y, x, equal_nan=True)):
       return x.astype(jnp.asarray(w).dtype), i
     x = y
-  if bool(jnp.array_equal(_fake(x, spec, axis, scale, zero), x)):
+  if bool(jnp.array_equal(_fake(x, spec, axis, scale, zero), x, equal_nan=True)):
     return x.astype(jnp.asarray(w).dtype), max_iters
   raise ValueError(f"int4_aware_init: {path!r} ({spec}) reached no fixed point of fake quant in {max_iters} "
                    f"passes (shape {tuple(x.shape)}, dtype {x.dtype}); raise max_iters")

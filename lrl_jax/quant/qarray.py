@@ -28,13 +28,13 @@ import jax.numpy as jnp
 from jax import lax
 
 from lrl_jax.quant import packing
-from lrl_jax.quant.specs import FP4_MAX, FP8_MAX, FP8, INT4_MAX, Int4, MXFP8, NVFP4, Spec
+from lrl_jax.quant.specs import FP4_MAX, FP8_MAX, FP8, INT4_MAX, INT4_SCALE_FLOOR, Int4, MXFP8, NVFP4, Spec
 
 __all__ = ["QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec"]
 
 _F32_TINY = float(jnp.finfo(jnp.float32).tiny)  # smallest normal f32: CPUs flush denormals to zero
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
-_INT4_SCALE_FLOOR = 1e-5  # slime / compressed-tensors floor on amax / 7
+_INT4_SCALE_FLOOR = INT4_SCALE_FLOOR
 
 
 @functools.partial(

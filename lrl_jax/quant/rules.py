@@ -168,12 +168,21 @@ def fake_quant_params(params, rules: QuantRules):
   return _map_selected(one, params, rules, drop_siblings=False)
 
 
-def init_learned(params, rules: QuantRules):
+def init_learned(params, rules: QuantRules, *, dtype=None, overwrite: bool = False):
   """Adds learned INT4 scales (and zero points) next to each selected kernel whose spec is learned.
 
   `P/kernel_scale` float32 [.., K/G, ..] starts at the absmax scale (minmax when the zero point is
   learned) of the kernel, `P/kernel_zero` float32 at the minmax zero point (signed convention).
-  Leaves that already have them keep theirs (a restored checkpoint). Other specs: tree unchanged.
+  Leaves that already have them keep theirs (a restored checkpoint) unless `overwrite`
+  (re-initialise from the current weights: QAT switched on late). Other specs: tree unchanged.
+
+  Args:
+    params: a tree of dicts.
+    rules: the learner's QAT rules.
+    dtype: quantize the kernel's cast to this dtype (the learner's compute dtype: the array its
+      matmul sees), so the initial learned values equal the absmax / minmax ones of the QAT forward;
+      None: the kernel's own dtype.
+    overwrite: replace existing learned leaves.
   """
 
   def visit(node, prefix):
@@ -184,9 +193,9 @@ def init_learned(params, rules: QuantRules):
         out[k] = visit(v, path)
         continue
       spec = rules.spec_for(path)
-      if spec is None or not getattr(spec, "learned", False) or f"{k}{SCALE_SUFFIX}" in node:
+      if spec is None or not getattr(spec, "learned", False) or (f"{k}{SCALE_SUFFIX}" in node and not overwrite):
         continue
-      q = quantize(v, spec, axis=rules.axis)
+      q = quantize(v if dtype is None else v.astype(dtype), spec, axis=rules.axis)
       out[f"{k}{SCALE_SUFFIX}"] = q.scale.astype(jnp.float32)
       if spec.learn_zero_point:
         out[f"{k}{ZERO_SUFFIX}"] = q.zero_point.astype(jnp.float32)

@@ -19,6 +19,7 @@ __all__ = ["Int4", "FP8", "MXFP8", "NVFP4", "Spec"]
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP4_MAX = 6.0  # largest float4_e2m1fn
 INT4_MAX = 7  # symmetric INT4 codes live in [-7, 7]; -8 is never produced
+INT4_SCALE_FLOOR = 1e-5  # slime / compressed-tensors floor on amax / 7 (and on learned scales)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

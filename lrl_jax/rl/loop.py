@@ -170,8 +170,25 @@ def prepare_qat_params(cfg, params):
   if lcfg.qat_init == "grid":
     params = quant.int4_aware_init(params, lcfg.qat_rules, dtype=jnp.dtype(lcfg.compute_dtype))
   if getattr(lcfg.qat, "learned", False):
-    params = quant.init_learned(params, lcfg.qat_rules)
+    params = quant.init_learned(params, lcfg.qat_rules, dtype=jnp.dtype(lcfg.compute_dtype))
   return params
+
+
+@functools.partial(jax.jit, static_argnames=("lcfg",))
+def _learned_qat_start(params, lcfg):
+  return L.learned_qat_start(params, lcfg)
+
+
+def _maybe_restart_learned_scales(state: L.TrainState, lcfg, k: int, K: int) -> L.TrainState:
+  """At the RL step whose updates include `qat_start_step`, before its rollouts: learned INT4 scales from
+  the current weights (see `learner.learned_qat_start`), placed like the old ones."""
+  if not (state.trainable == "full" and lcfg.qat_start_step > 0 and getattr(lcfg.qat, "learned", False)):
+    return state
+  if not k * K <= lcfg.qat_start_step < (k + 1) * K:
+    return state
+  new = _learned_qat_start(state.params, lcfg)
+  new = jax.tree_util.tree_map(lambda n, o: jax.device_put(n, o.sharding), new, state.params)
+  return state.replace(params=new)
 
 
 def supervised_warmup(cfg, setup: Setup, params, *, logger: M.MetricsLogger | None = None,
@@ -456,6 +473,7 @@ def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = Tr
       if state.value_head is not None and k > 0 and delta_scale(cfg, k) != delta_scale(cfg, k - 1):
         ratio = delta_scale(cfg, k) / delta_scale(cfg, k - 1)  # QAE: coarse Δ early, finer later
         state = state.replace(value_head=dict(state.value_head, delta=state.value_head["delta"] * ratio))
+      state = _maybe_restart_learned_scales(state, lcfg, k, K)
       served_lora = _served(state, setup, timings)
       if k > 0 and cfg.run.eval_every and k % cfg.run.eval_every == 0:
         logger.log(k, evaluate(served_lora[0], setup, cfg, lora=served_lora[1]), phase="eval")

@@ -334,3 +334,29 @@ def test_learner_update_clip_and_grid_init():
   # Unquantized leaves (norms, embeddings) are not clipped.
   emb_move = np.abs(np.asarray(state.params["embed"]["embedding"]) - w0["embed"]["embedding"]).max()
   assert emb_move > 0.1
+
+
+def test_learned_scales_restart_from_the_weights_when_qat_switches_on_late():
+  """qat_start_step = 1: before it (α = 0) the learned scales get no gradient and keep their (here stale)
+  values; at step 1 train_step re-initialises them from that step's weights (absmax of the compute-dtype
+  cast) before its update."""
+  lcfg = L.LearnerConfig(lr=1e-6, qat=LSQ, compute_dtype="float32", grad_clip=None, qat_start_step=1)
+  state = L.create_train_state(jax.random.key(2), CFG, lcfg)
+  stale = jax.tree_util.tree_map_with_path(
+      lambda kp, x: 3.0 * x if quant.path_str(kp).endswith("_scale") else x, state.params)
+  state = state.replace(params=stale)
+  rng = np.random.default_rng(7)
+  batch = L.Batch(tokens=jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32),
+                  loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False), sampler_logp=jnp.full((4, 8), -4.0),
+                  advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]), valid=jnp.ones((4, 8), bool))
+  key = ("layers", "attn", "o_proj")
+  get = lambda p, leaf: np.asarray(p[key[0]][key[1]][key[2]][leaf])
+  s_stale = get(stale, "kernel_scale").copy()
+  state, _ = L.train_step(state, batch, model_cfg=CFG, cfg=lcfg)  # step 0: QAT off
+  np.testing.assert_array_equal(get(state.params, "kernel_scale"), s_stale)
+  w1 = get(state.params, "kernel").copy()
+  want = np.asarray(quant.quantize(jnp.asarray(w1), Int4(group_size=G), axis=-2).scale).astype(np.float32)
+  state, m = L.train_step(state, batch, model_cfg=CFG, cfg=lcfg)  # step 1: restart, then one (tiny) update
+  assert float(m["skipped"]) == 0
+  np.testing.assert_allclose(get(state.params, "kernel_scale"), want, rtol=0, atol=2e-6)
+  assert np.abs(s_stale - want).max() > 1e-3
