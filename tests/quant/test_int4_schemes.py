@@ -360,3 +360,28 @@ def test_learned_scales_restart_from_the_weights_when_qat_switches_on_late():
   assert float(m["skipped"]) == 0
   np.testing.assert_allclose(get(state.params, "kernel_scale"), want, rtol=0, atol=2e-6)
   assert np.abs(s_stale - want).max() > 1e-3
+
+
+def test_learned_scales_are_checkpointed(tmp_path):
+  """The learned s, z are part of the state orbax writes: a restore brings them back bit for bit, and the
+  restored state serves the same codes (the sync reads them, never the weights)."""
+  lcfg = L.LearnerConfig(lr=1e-2, qat=LSQZ, compute_dtype="float32", grad_clip=None)
+  state = L.create_train_state(jax.random.key(3), CFG, lcfg)
+  moved = jax.tree_util.tree_map_with_path(
+      lambda kp, x: x * 1.25 if quant.path_str(kp).endswith("_scale") else
+      (x - 1.0 if quant.path_str(kp).endswith("_zero") else x), state.params)
+  state = state.replace(params=moved)
+  want = jax.tree_util.tree_map(np.asarray, moved)
+  ck = L.Checkpointer(tmp_path / "ckpt", save_every=1)
+  ck.save(state)
+  ck.close()
+  ck = L.Checkpointer(tmp_path / "ckpt", save_every=1)
+  target = jax.eval_shape(lambda: L.create_train_state(jax.random.key(9), CFG, lcfg))
+  restored = ck.restore_latest(target)
+  ck.close()
+  for a, b in zip(jax.tree_util.tree_leaves(restored.params), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+  q_a = sampler.serve_params(restored.params, lcfg.qat_rules, dtype=jnp.float32)["layers"]["attn"]["v_proj"]["kernel"]
+  q_b = sampler.serve_params(moved, lcfg.qat_rules, dtype=jnp.float32)["layers"]["attn"]["v_proj"]["kernel"]
+  np.testing.assert_array_equal(np.asarray(q_a.zero_point), np.asarray(q_b.zero_point))
+  np.testing.assert_array_equal(np.asarray(q_a.codes), np.asarray(q_b.codes))
