@@ -48,6 +48,10 @@ def _fake(x, spec, axis, scale, zero):
   return dequantize(quantize(x, spec, axis=axis, scale=scale, zero_point=zero), x.dtype)
 
 
+# One compiled program per (shape, dtype, spec): eager op-by-op dispatch compiles every primitive.
+_fake = jax.jit(_fake, static_argnums=(1, 2))
+
+
 def _minmax_snap(x, spec: Int4, axis):
   """One minmax pass that lands on a fixed point: the group's codes are made to span the full range.
 
@@ -74,10 +78,13 @@ def _minmax_snap(x, spec: Int4, axis):
   return wg.reshape(w_hat.shape).astype(x.dtype)
 
 
+_minmax_snap_jit = jax.jit(_minmax_snap, static_argnums=(1, 2))
+
+
 def _leaf_fixed_point(w, spec, axis, scale, zero, dtype, max_iters, path):
   x = jnp.asarray(w).astype(dtype or jnp.asarray(w).dtype)
   if isinstance(spec, Int4) and spec.asymmetric and scale is None:  # computed minmax s, z (or their learned init)
-    x = _minmax_snap(x, spec, axis)
+    x = _minmax_snap_jit(x, spec, axis)
   for i in range(max_iters):
     y = _fake(x, spec, axis, scale, zero)
     if bool(jnp.array_equal(y, x, equal_nan=True)):
