@@ -27,7 +27,7 @@ import optax
 from lrl_jax import quant
 from lrl_jax.control import envs as envs_lib
 from lrl_jax.control import networks as nets
-from lrl_jax.control.ppo import TrainResult, _check_widths, _track_episodes
+from lrl_jax.control.ppo import TrainResult, _check_widths, _track_episodes, run_seeds
 from lrl_jax.control.returns import dqn_targets
 
 __all__ = ["DQNConfig", "ReplayBuffer", "buffer_init", "buffer_add", "buffer_sample", "make_dqn_train",
@@ -271,10 +271,6 @@ def make_dqn_train(cfg: DQNConfig):
 
 def train_dqn(cfg: DQNConfig, seeds: Sequence[int]) -> TrainResult:
   """Trains one DQN run per seed, all seeds vmapped in one compiled call."""
-  seeds = list(seeds)
-  if not seeds:
-    raise ValueError("train_dqn: seeds is empty")
-  keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-  params, (rsum, rcnt) = jax.jit(jax.vmap(make_dqn_train(cfg)))(keys)
+  params, (rsum, rcnt) = run_seeds(make_dqn_train(cfg), seeds, "train_dqn")
   steps = cfg.warmup_iters * cfg.num_envs + (jnp.arange(cfg.num_updates) + 1) * cfg.num_envs * cfg.train_interval
   return TrainResult(params=params, episode_return_sum=rsum, episode_count=rcnt, env_steps=steps, config=cfg)

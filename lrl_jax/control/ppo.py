@@ -209,12 +209,17 @@ def make_ppo_train(cfg: PPOConfig):
   return train
 
 
-def train_ppo(cfg: PPOConfig, seeds: Sequence[int]) -> TrainResult:
-  """Trains one PPO run per seed, all seeds vmapped in one compiled call."""
+def run_seeds(train_fn, seeds: Sequence[int], name: str):
+  """jit(vmap(train_fn)) over one PRNG key per seed: (params, (episode return sums, episode counts))."""
   seeds = list(seeds)
   if not seeds:
-    raise ValueError("train_ppo: seeds is empty")
+    raise ValueError(f"{name}: seeds is empty")
   keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-  params, (rsum, rcnt) = jax.jit(jax.vmap(make_ppo_train(cfg)))(keys)
+  return jax.jit(jax.vmap(train_fn))(keys)
+
+
+def train_ppo(cfg: PPOConfig, seeds: Sequence[int]) -> TrainResult:
+  """Trains one PPO run per seed, all seeds vmapped in one compiled call."""
+  params, (rsum, rcnt) = run_seeds(make_ppo_train(cfg), seeds, "train_ppo")
   steps = (jnp.arange(cfg.num_updates) + 1) * cfg.num_envs * cfg.num_steps
   return TrainResult(params=params, episode_return_sum=rsum, episode_count=rcnt, env_steps=steps, config=cfg)
