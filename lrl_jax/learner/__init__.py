@@ -33,6 +33,7 @@ from lrl_jax.learner.step import (
     NonFiniteGuard,
     compute_old_logprobs,
     learned_qat_start,
+    restarts_learned_scales,
     compute_values,
     logprobs_from_logits,
     token_logprobs,
@@ -48,6 +49,6 @@ __all__ = [
     "TrainState", "create_train_state", "make_optimizer", "make_schedule", "trainable_params",
     "replace_trainable", "state_shardings", "step_key",
     "Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values", "train_step",
-    "learned_qat_start", "NonFiniteGuard", "NonFiniteError",
+    "learned_qat_start", "restarts_learned_scales", "NonFiniteGuard", "NonFiniteError",
     "Checkpointer", "abstract_state", "initialize_distributed",
 ]

@@ -43,7 +43,7 @@ from lrl_jax.losses import Max, Mean
 from lrl_jax.models import ACTIVATION_AXES, Lora, ModelConfig, forward_hidden, logits_from_hidden
 
 __all__ = ["Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values",
-           "train_step", "learned_qat_start", "NonFiniteGuard", "NonFiniteError"]
+           "train_step", "learned_qat_start", "restarts_learned_scales", "NonFiniteGuard", "NonFiniteError"]
 
 
 @flax.struct.dataclass
@@ -333,7 +333,8 @@ def _is_metric(x):
   return isinstance(x, (Mean, Max))
 
 
-def _restarts_learned_scales(state: TrainState, cfg: LearnerConfig) -> bool:
+def restarts_learned_scales(state: TrainState, cfg: LearnerConfig) -> bool:
+  """Whether `learned_qat_start` applies to this run (full training, learned INT4, QAT switched on late)."""
   return state.trainable == "full" and cfg.qat_start_step > 0 and getattr(cfg.qat, "learned", False)
 
 
@@ -385,7 +386,7 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: 
   _check_micro(B, M)
   mcfg = _compute_cfg(model_cfg, cfg)
   tx = make_optimizer(cfg)
-  if _restarts_learned_scales(state, cfg):
+  if restarts_learned_scales(state, cfg):
     # QAT switched on late: learned INT4 scales start from the weights of this step, not of step 0.
     params = lax.cond(state.step == cfg.qat_start_step, functools.partial(learned_qat_start, cfg=cfg),
                       lambda p: p, state.params)

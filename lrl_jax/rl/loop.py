@@ -182,9 +182,7 @@ def _learned_qat_start(params, lcfg):
 def _maybe_restart_learned_scales(state: L.TrainState, lcfg, k: int, K: int) -> L.TrainState:
   """At the RL step whose updates include `qat_start_step`, before its rollouts: learned INT4 scales from
   the current weights (see `learner.learned_qat_start`), placed like the old ones."""
-  if not (state.trainable == "full" and lcfg.qat_start_step > 0 and getattr(lcfg.qat, "learned", False)):
-    return state
-  if not k * K <= lcfg.qat_start_step < (k + 1) * K:
+  if not (L.restarts_learned_scales(state, lcfg) and k * K <= lcfg.qat_start_step < (k + 1) * K):
     return state
   new = _learned_qat_start(state.params, lcfg)
   new = jax.tree_util.tree_map(lambda n, o: jax.device_put(n, o.sharding), new, state.params)
