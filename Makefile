@@ -6,9 +6,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 REF    := $(VENV)/.installed-ref
+TRITON := $(VENV)/.installed-triton
 PYTEST := $(BIN)/python -m pytest -q -n 2
 
-.PHONY: demo test test-ref test-slow bench numerics clean
+.PHONY: demo test test-ref test-triton test-slow bench numerics clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,17 +21,24 @@ $(REF): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,hf,control,ref]'
 	@touch $@
 
+$(TRITON): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,hf,control,triton]'
+	@touch $@
+
 demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
 test: $(STAMP)  ## the default suite (< 15 min on 2 CPU cores)
-	$(PYTEST) -m "not slow and not ref and not device"
+	$(PYTEST) -m "not slow and not ref and not device and not triton"
 
 test-ref: $(REF)  ## parity tests against torch / transformers; a skip here is a failure
 	LRL_JAX_REQUIRE_REF=1 $(PYTEST) -m ref
 
+test-triton: $(TRITON)  ## the GPU kernels compiled for sm_90 by triton + ptxas (no GPU needed); a skip is a failure
+	LRL_JAX_REQUIRE_TRITON=1 $(PYTEST) -m triton
+
 test-slow: $(REF)  ## checks too slow for the default suite
-	$(PYTEST) -m "slow and not ref and not device"
+	$(PYTEST) -m "slow and not ref and not device and not triton"
 
 bench: $(STAMP)  ## kernel benchmark (quick sizes on CPU)
 	$(BIN)/lrl-jax bench kernels --quick

@@ -139,6 +139,8 @@ def main(argv=None) -> int:
   ap.add_argument("--bn", type=int, default=BlockConfig().bn)
   ap.add_argument("--bk", type=int, default=BlockConfig().bk)
   ap.add_argument("--split-k", type=int, default=BlockConfig().split_k)
+  ap.add_argument("--num-warps", type=int, default=BlockConfig().num_warps, help="GPU; default: the plan's")
+  ap.add_argument("--num-stages", type=int, default=BlockConfig().num_stages, help="GPU pipelining depth")
   a = ap.parse_args(argv)
   bad = [f for f in a.formats if f not in FORMATS]
   if bad:
@@ -146,7 +148,7 @@ def main(argv=None) -> int:
   shapes = a.shapes or (((4096, 4096),) if a.quick else SHAPES_ALL)
   ms = a.m or ((1, 16) if a.quick else M_ALL)
   iters = a.iters or (5 if a.quick else 20)
-  block = BlockConfig(bn=a.bn, bk=a.bk, split_k=a.split_k)
+  block = BlockConfig(bn=a.bn, bk=a.bk, split_k=a.split_k, num_warps=a.num_warps, num_stages=a.num_stages)
   dev = jax.devices()[0]
   print(f"# lrl_jax kernel benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
   print(f"# backend {jax.default_backend()}, device {dev.device_kind}, {len(jax.devices())} device(s), "

@@ -35,7 +35,13 @@ Target = Literal["tpu", "gpu"]
 #        in-kernel int32 / f32 intermediates of a (bk/2, bn) = (512, 256) code block (512 KiB
 #        each) stay well inside the default scoped VMEM (16 MiB on v5e).
 #   GPU: Triton tiles; split-K fills the SMs when M/bm · N/bn programs are too few (decode).
-DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 256}}
+#        Chosen so that no default plan spills registers or crowds shared memory on sm_90, as
+#        compiled by `python -m lrl_jax.kernels.triton_aot` (README.md, "Compiled for sm_90"):
+#        at bk = 256, NVFP4 and zero-point INT4 hit the 255-register cap and spilled (48-160 B
+#        per thread at M <= 16, NVFP4 2.9 KB at M = 64) and FP8 / MXFP8 at M = 64 used 224-226 KiB
+#        of shared memory, within 1 KiB of the 227 KiB launch limit. bk = 128 and 8 warps for the
+#        64-row tile leave every format spill-free. Not timed: no GPU was available.
+DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 128}}
 _GPU_MAX_PROGRAMS = 264  # 2 waves on an H100/H200 (132 SMs): the split-K heuristic's target
 _TPU_MAX_FULL_N = 1024  # full-dimension TPU blocks above these would crowd VMEM
 _TPU_MAX_FULL_K = 4096
@@ -58,7 +64,9 @@ class BlockConfig:
     split_k: "k_loop" schedule only: K splits run as separate programs whose f32 partial
       sums are added outside (fills the GPU at small M). None: a heuristic.
     schedule: "auto" (k_grid on TPU, k_loop on GPU), "k_grid" or "k_loop".
-    num_warps, num_stages: Triton compiler parameters (GPU only).
+    num_warps: Triton warps per program (GPU only). None: 4 for row tiles below 64, 8 for the
+      64-row tile (whose wgmma accumulators and dequantized tiles would otherwise spill).
+    num_stages: Triton software-pipelining depth (GPU only).
   """
 
   bm: int = 64
@@ -66,17 +74,17 @@ class BlockConfig:
   bk: int | None = None
   split_k: int | None = None
   schedule: Literal["auto", "k_grid", "k_loop"] = "auto"
-  num_warps: int = 4
+  num_warps: int | None = None
   num_stages: int = 3
 
   def __post_init__(self):
     for f in ("bm", "bn", "bk", "split_k", "num_warps", "num_stages"):
       v = getattr(self, f)
-      if v is None and f in ("bn", "bk", "split_k"):
+      optional = f in ("bn", "bk", "split_k", "num_warps")
+      if v is None and optional:
         continue
       if not isinstance(v, int) or v <= 0:
-        raise ValueError(f"BlockConfig.{f} must be a positive int{' or None' if f in ('bn', 'bk', 'split_k') else ''}; "
-                         f"got {v!r}")
+        raise ValueError(f"BlockConfig.{f} must be a positive int{' or None' if optional else ''}; got {v!r}")
     if self.schedule not in ("auto", "k_grid", "k_loop"):
       raise ValueError(f"BlockConfig.schedule must be 'auto', 'k_grid' or 'k_loop'; got {self.schedule!r}")
 
@@ -94,6 +102,7 @@ class Plan:
     kg: K elements per scale row (the group size; K for FP8 channel: one row for all of K).
     ng: N columns per scale column (1, or the FP8 block edge).
     channel: one scale row for all of K (FP8 channel): the scale block is (1, bn) at every K step.
+    num_warps: Triton warps per program (GPU).
   """
 
   schedule: str
@@ -106,6 +115,7 @@ class Plan:
   kg: int
   ng: int
   channel: bool
+  num_warps: int = 4
 
 
 def _pow2(n: int) -> bool:
@@ -157,6 +167,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   if schedule == "auto":
     schedule = "k_grid" if target == "tpu" else "k_loop"
   dflt = DEFAULTS[target]
+  dflt_bk = dflt["bk"]
 
   # Rows: the smallest allowed tile covering M (decode pads 1 -> 16, not to bm).
   # Triton's tl.dot needs every dimension >= 16 and powers of two; TPU bf16 packs 16 rows per vreg.
@@ -179,7 +190,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       xk = c // per_row
       srows = c // kg if kg < k else 1
       return (group_ok(c) and c % per_row == 0 and (xk % 128 == 0 or c == k)
-              and (srows % 8 == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt["bk"]))
+              and (srows % 8 == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt_bk))
   else:
     # Triton: power-of-two tiles, dots >= 16 on every side.
     def n_ok(c: int) -> bool:
@@ -203,11 +214,11 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       programs = (m_pad // bm) * (n // bn)
 
       def best_chunk(ks: int) -> int:
-        return max([c for c in range(16, min(ks, dflt["bk"]) + 1) if ks % c == 0 and k_ok(c)], default=0)
+        return max([c for c in range(16, min(ks, dflt_bk) + 1) if ks % c == 0 and k_ok(c)], default=0)
 
       def split_ok(s: int) -> bool:  # splitting must not shrink the chunk (nor leave < 2 per split)
         ks = k // s
-        return (k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt["bk"]
+        return (k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt_bk
                 and best_chunk(ks) == best_chunk(k))
 
       while split_k < 8 and programs * split_k * 2 <= _GPU_MAX_PROGRAMS and split_ok(split_k * 2):
@@ -215,8 +226,9 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   ks = k // split_k
   if block.bk is not None and ks % block.bk:
     raise Unsupported(f"{name}: K={k} is not a multiple of split_k*bk={split_k}*{block.bk}")
-  bk = _choose(ks, block.bk, dflt["bk"], k_ok, "K" if split_k == 1 else f"K/split_k", name)
+  bk = _choose(ks, block.bk, dflt_bk, k_ok, "K" if split_k == 1 else f"K/split_k", name)
   if split_k > 1 and kg < k and ks % kg:
     raise Unsupported(f"{name}: K/split_k={ks} is not a multiple of the group size {kg}")
+  num_warps = block.num_warps or (8 if bm >= 64 else 4)
   return Plan(schedule=schedule, bm=bm, bn=bn, bk=bk, m_pad=m_pad, split_k=split_k,
-              packed=packed, kg=kg, ng=ng, channel=kg >= k)
+              packed=packed, kg=kg, ng=ng, channel=kg >= k, num_warps=num_warps)

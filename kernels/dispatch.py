@@ -81,6 +81,10 @@ def _pallas_reason(x, q, backend: str) -> str | None:
     if cc is not None and cc < 8.9:
       # The kernels convert e4m3 scales / codes in registers: Triton's fp8e4nv needs sm_89+.
       return f"{q.spec.name} kernel needs FP8 conversions (sm_89+); this GPU is sm_{cc:g}"
+  if backend in ("gpu", "cuda") and x.dtype == jnp.float32:
+    # Exact f32 (precision HIGHEST) has no tensor-core MMA: Triton lowers the dot to FMAs and ptxas spills
+    # 1.4-4.9 KB per thread on sm_90 at every tile tried (`python -m lrl_jax.kernels.triton_aot`, README.md).
+    return "float32 activations on GPU: the kernel's exact f32 dot runs on CUDA cores and spills; use bf16"
   if q.ndim != 2:
     return f"QArray of shape {q.shape} is a stack; the kernels take one [K, N] matrix"
   if q.axis != -2:

@@ -156,7 +156,7 @@ def _compiler_params(target: Target, p: Plan, block: BlockConfig, interpret: boo
     sem = ("parallel", "parallel", "arbitrary" if p.schedule == "k_grid" else "parallel")
     return pltpu.CompilerParams(dimension_semantics=sem)
   from jax.experimental.pallas import triton as pltriton
-  return pltriton.CompilerParams(num_warps=block.num_warps, num_stages=block.num_stages)
+  return pltriton.CompilerParams(num_warps=p.num_warps, num_stages=block.num_stages)
 
 
 def _check(x: jax.Array, q: quant.QArray, kinds, name: str):

@@ -16,9 +16,16 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.lo
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; \
   python3 -c "import jax; print(jax.__version__, jax.devices())"; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
-LRL_JAX_REQUIRE_DEVICE=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -m device tests/device \
+LRL_JAX_REQUIRE_DEVICE=1 timeout 200 python3 -m pytest -q -p no:cacheprovider -m device tests/device \
   > "$OUT/device_tests.txt" 2>&1; echo "device tests exit $?" | tee -a "$OUT/device_tests.txt"
 tail -5 "$OUT/device_tests.txt"
-timeout 240 python3 -m lrl_jax.kernels.bench --shapes 8192x8192,4096x14336 --m 1,8,16 --iters 50 \
+timeout 200 python3 -m lrl_jax.kernels.bench --shapes 8192x8192,4096x14336 --m 1,8,16 --iters 50 \
   > "$OUT/bench.md" 2>&1; echo "bench exit $?" >> "$OUT/bench.md"
 cat "$OUT/bench.md"
+# Tuning rows the AOT compile could not settle (kernels/README.md): deeper pipelining (more bytes in flight
+# per SM at decode) and the first defaults' bigger chunk, each beside its own bf16 and XLA rows.
+for v in "--num-stages 4" "--bk 256"; do
+  timeout 60 python3 -m lrl_jax.kernels.bench --shapes 8192x8192 --m 1,16 --formats int4_g128,nvfp4 --iters 50 $v \
+    > "$OUT/bench_${v// /_}.md" 2>&1; echo "bench $v exit $?" >> "$OUT/bench_${v// /_}.md"
+  tail -12 "$OUT/bench_${v// /_}.md"
+done

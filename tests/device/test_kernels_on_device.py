@@ -33,8 +33,11 @@ def test_compiled_kernel_matches_float64(fmt, dtype, m):
   w = (rng.standard_normal((k, n)) * np.exp(rng.uniform(-2, 2, (1, n)))).astype(np.float32)
   q = quant.quantize(jnp.asarray(w), SPECS[fmt], axis=-2)
   sup = supported(jnp.zeros((m, k), dtype), q)
-  if not sup.pallas:
-    pytest.fail(f"{fmt}: qmatmul does not take the Pallas kernel on {jax.default_backend()}: {sup.reason}")
+  # f32 activations on a GPU go to XLA by design (exact f32 dots spill there: tests/kernels/test_triton_aot.py);
+  # the kernel itself must still be right when asked for.
+  f32_on_gpu = dtype == jnp.float32 and jax.default_backend() != "tpu"
+  if sup.pallas == f32_on_gpu:
+    pytest.fail(f"{fmt}: qmatmul's choice on {jax.default_backend()} is wrong: {sup}")
   x = jnp.asarray(rng.standard_normal((m, k)), dtype)
   y = np.asarray(jax.jit(pallas_matmul)(x, q).astype(jnp.float32), np.float64)
   w_hat = np.asarray(quant.dequantize(q, dtype).astype(jnp.float32), np.float64)  # ŵ rounded to x.dtype
@@ -43,4 +46,7 @@ def test_compiled_kernel_matches_float64(fmt, dtype, m):
   err = np.abs(y - x64 @ w_hat)
   assert np.all(err <= bound), f"{fmt} {dtype.__name__} M={m}: max err/bound {np.max(err / bound):.3g}"
   y_auto = np.asarray(jax.jit(qmatmul)(x, q).astype(jnp.float32))
-  np.testing.assert_array_equal(y_auto, y.astype(np.float32))  # qmatmul dispatches to the same kernel
+  if sup.pallas:
+    np.testing.assert_array_equal(y_auto, y.astype(np.float32))  # qmatmul dispatches to the same kernel
+  else:
+    assert np.all(np.abs(y_auto - x64 @ w_hat) <= bound), f"{fmt}: the XLA path is off"

@@ -50,9 +50,11 @@ def test_benchmark_shapes_have_legal_plans(fmt, target):
 def test_split_k_heuristic_fills_the_gpu_at_decode():
   # M = 1, 8192 x 8192, INT4: 64 column tiles of 128 -> split K in 4 (256 programs <= 2 waves of 132 SMs).
   p = plan(1, 8192, 8192, quant.Int4(), BlockConfig(), "gpu")
-  assert (p.bn, p.bk, p.split_k, p.bm) == (128, 256, 4, 16)
+  assert (p.bn, p.bk, p.split_k, p.bm, p.num_warps) == (128, 128, 4, 16, 4)
   p = plan(128, 8192, 8192, quant.Int4(), BlockConfig(), "gpu")
   assert p.split_k * (128 // p.bm) * (8192 // p.bn) <= 264
+  assert (p.bm, p.num_warps) == (64, 8)  # the 64-row tile gets 8 warps (spill-free on sm_90, README.md)
+  assert plan(128, 8192, 8192, quant.Int4(), BlockConfig(num_warps=2), "gpu").num_warps == 2
 
 
 def test_tpu_refuses_k_without_a_legal_chunk():
@@ -60,4 +62,4 @@ def test_tpu_refuses_k_without_a_legal_chunk():
   with pytest.raises(ValueError, match="no legal tile divides K=11008"):
     plan(1, 11008, 4096, quant.Int4(group_size=128), BlockConfig(), "tpu")
   p = plan(1, 11008, 4096, quant.Int4(group_size=128), BlockConfig(), "gpu")
-  assert (p.bk, p.split_k) == (256, 1)  # splitting 11008 would shrink the 256 chunk
+  assert (p.bk, p.split_k) == (128, 2)  # 11008 / 2 = 5504 = 43 chunks of 128; a split in 4 would not divide
