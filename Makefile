@@ -6,10 +6,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 REF    := $(VENV)/.installed-ref
-TRITON := $(VENV)/.installed-triton
+AOT    := $(VENV)/.installed-aot
+LIBTPU := $(VENV)/libtpu
 PYTEST := $(BIN)/python -m pytest -q -n 2
 
-.PHONY: demo test test-ref test-triton test-slow bench numerics clean
+.PHONY: demo test test-ref test-aot test-slow bench numerics clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,24 +22,29 @@ $(REF): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,hf,control,ref]'
 	@touch $@
 
-$(TRITON): $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,hf,control,triton]'
+# triton in the venv; libtpu (the version jax's `tpu` extra pins) beside it, on the path of `make test-aot` only,
+# so that nothing else in the venv tries to start a TPU backend.
+$(AOT): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,hf,control,aot]'
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(LIBTPU) "$$($(BIN)/python -c 'import importlib.metadata as m; \
+	  print(next(r.split(";")[0].replace(" ", "") for r in m.requires("jax") if r.startswith("libtpu")))')"
 	@touch $@
 
 demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
 test: $(STAMP)  ## the default suite (< 15 min on 2 CPU cores)
-	$(PYTEST) -m "not slow and not ref and not device and not triton"
+	$(PYTEST) -m "not slow and not ref and not device and not aot"
 
 test-ref: $(REF)  ## parity tests against torch / transformers; a skip here is a failure
 	LRL_JAX_REQUIRE_REF=1 $(PYTEST) -m ref
 
-test-triton: $(TRITON)  ## the GPU kernels compiled for sm_90 by triton + ptxas (no GPU needed); a skip is a failure
-	LRL_JAX_REQUIRE_TRITON=1 $(PYTEST) -m triton
+test-aot: $(AOT)  ## the kernels compiled ahead of time for sm_90 (triton + ptxas) and TPU v4-v6e (libtpu); no accelerator needed, a skip is a failure
+	LRL_JAX_REQUIRE_AOT=1 JAX_PLATFORMS=cpu TPU_ACCELERATOR_TYPE=v5litepod-4 ALLOW_MULTIPLE_LIBTPU_LOAD=1 \
+	  PYTHONPATH=$(LIBTPU) $(PYTEST) -m aot
 
 test-slow: $(REF)  ## checks too slow for the default suite
-	$(PYTEST) -m "slow and not ref and not device and not triton"
+	$(PYTEST) -m "slow and not ref and not device and not aot"
 
 bench: $(STAMP)  ## kernel benchmark (quick sizes on CPU)
 	$(BIN)/lrl-jax bench kernels --quick

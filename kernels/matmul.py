@@ -90,10 +90,13 @@ def _expand_rows(s: jax.Array, rows: int) -> jax.Array:
 def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision):
   """Σ_planes x_p @ round_{x.dtype}(ŵ_p) in f32 for one K chunk. x_p [bm, r], c [r, bn] -> [bm, bn].
 
-  z: INT4 zero points of the chunk's groups (int8, the scale's shape) or None: ŵ = (q − z)·s.
+  z: INT4 zero points of the chunk's groups (the scale's shape; int8, or the scale's dtype on TPU) or None:
+    ŵ = (q − z)·s.
   """
   sf = _expand_rows(_decode_scale(s, spec), c.shape[0])
-  zf = None if z is None else _expand_rows(z.astype(jnp.int32).astype(jnp.float32), c.shape[0])
+  if z is not None:  # int8 (GPU) or small integers in the scale's float dtype (TPU): exact either way
+    z = z.astype(jnp.float32) if jnp.issubdtype(z.dtype, jnp.floating) else z.astype(jnp.int32).astype(jnp.float32)
+  zf = None if z is None else _expand_rows(z, c.shape[0])
   acc = None
   for p, xt in enumerate(x_tiles):
     q = _decode_codes(c, spec, p)
@@ -189,7 +192,13 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   operands = [*xs, q.codes, scale]
   has_zp = q.zero_point is not None
   if has_zp:
-    operands.append(q.zero_point)  # int8 [K/G, N], tiled like the scales
+    zp = q.zero_point  # int8 [K/G, N], tiled like the scales
+    if target == "tpu":
+      # Mosaic tiles int8 as (32, 128): a (bk/G, bn) block of 8 or 16 group rows does not compile
+      # (E2002, found by the ahead-of-time TPU compile, kernels/README.md). In the scale's dtype the block
+      # tiles like the scales; the integers -8..15 are exact there. Costs 1/(2G) byte per weight per call.
+      zp = zp.astype(q.scale.dtype)
+    operands.append(zp)
   has_gs = isinstance(q.spec, quant.NVFP4)
   if has_gs:
     operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))

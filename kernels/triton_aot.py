@@ -5,7 +5,7 @@
 `jax.export` (tests/kernels/test_lowering.py) stops at the Triton IR that jax hands to XLA.
 This module goes the rest of the way on a machine without a GPU: it captures that IR
 (the TTIR text of each `pallas_call`, as jax lowers it for `cuda`), compiles it with the
-`triton` package (pinned in the `triton` extra) for a chosen SM — TTIR -> TTGIR -> LLVM ->
+`triton` package (pinned in the `aot` extra) for a chosen SM — TTIR -> TTGIR -> LLVM ->
 PTX -> cubin, `ptxas` included — and reads back what the hardware would be given:
 registers per thread, local memory (spills), shared memory per program, the MMA
 instruction, the widths of the global loads. From those and the SM's published limits it

@@ -19,10 +19,14 @@ import pytest  # noqa: E402
 collect_ignore = []
 if os.environ.get("LRL_JAX_REQUIRE_REF") != "1" and importlib.util.find_spec("torch") is None:
   collect_ignore.append("models/test_parity_ref.py")
-# The Triton AOT compile needs the `triton` extra: without it (the default venv) the module is not collected;
-# `make test-triton` installs it and sets LRL_JAX_REQUIRE_TRITON=1, under which a skip is a failure.
-if os.environ.get("LRL_JAX_REQUIRE_TRITON") != "1" and importlib.util.find_spec("triton") is None:
-  collect_ignore.append("kernels/test_triton_aot.py")
+# Ahead-of-time compiles for GPU (the `aot` extra: triton) and TPU (libtpu, which `make test-aot` puts on the
+# path): without them (the default venv) the modules are not collected; under LRL_JAX_REQUIRE_AOT=1 (`make
+# test-aot`, CI) nothing is ignored and a skip is a failure.
+if os.environ.get("LRL_JAX_REQUIRE_AOT") != "1":
+  if importlib.util.find_spec("triton") is None:
+    collect_ignore.append("kernels/test_aot_triton.py")
+  if importlib.util.find_spec("libtpu") is None:
+    collect_ignore.append("kernels/test_aot_tpu.py")
 # Compiled-kernel tests need a GPU / TPU: collected only when asked for (scripts/device_check.sh sets
 # LRL_JAX_REQUIRE_DEVICE=1; there a CPU-only backend is an error, not a skip).
 if os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1":
@@ -38,6 +42,6 @@ def pytest_runtest_makereport(item, call):
   if report.skipped and item.get_closest_marker("ref") and os.environ.get("LRL_JAX_REQUIRE_REF") == "1":
     report.outcome = "failed"
     report.longrepr = f"reference test skipped under LRL_JAX_REQUIRE_REF=1: {report.longrepr}"
-  if report.skipped and item.get_closest_marker("triton") and os.environ.get("LRL_JAX_REQUIRE_TRITON") == "1":
+  if report.skipped and item.get_closest_marker("aot") and os.environ.get("LRL_JAX_REQUIRE_AOT") == "1":
     report.outcome = "failed"
-    report.longrepr = f"Triton compile test skipped under LRL_JAX_REQUIRE_TRITON=1: {report.longrepr}"
+    report.longrepr = f"ahead-of-time compile test skipped under LRL_JAX_REQUIRE_AOT=1: {report.longrepr}"

@@ -1,8 +1,8 @@
 """The kernels lower for TPU (Pallas -> Mosaic) and GPU (Pallas -> Triton) from this CPU machine.
 
 `jax.export` lowers for a platform without its hardware: the Pallas lowering rules (block
-shapes, op support, dtypes) run and emit the Mosaic / Triton IR. What needs the device —
-Mosaic's layout passes, Triton's PTX compile, the numbers — is not covered here.
+shapes, op support, dtypes) run and emit the Mosaic / Triton IR. Mosaic's compile and Triton's PTX
+compile are in test_aot_tpu.py / test_aot_triton.py (`make test-aot`); the numbers need the device.
 """
 
 import pytest

@@ -1,6 +1,6 @@
 """The GPU kernels compile to sm_90 machine code, with resources inside the SM's limits (no GPU needed).
 
-`make test-triton` (CI) installs the pinned `triton` and runs these with LRL_JAX_REQUIRE_TRITON=1, where a
+`make test-aot` (CI) installs the pinned `triton` and runs these with LRL_JAX_REQUIRE_AOT=1, where a
 missing triton fails instead of skipping. The references are independent of this repository: `ptxas`'s own
 resource report (through cuobjdump) and the per-SM limits of the CUDA C Programming Guide.
 """
@@ -14,8 +14,8 @@ from lrl_jax import quant
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels import triton_aot as aot
 
-pytestmark = pytest.mark.triton
-triton = pytest.importorskip("triton", reason="the `triton` extra (make test-triton) compiles the TTIR")
+pytestmark = pytest.mark.aot
+triton = pytest.importorskip("triton", reason="the `aot` extra (make test-aot) compiles the TTIR")
 
 # (format, K, N, M): every format at the #3 benchmark's decode shapes, the M = 64 row tile (wgmma, the
 # largest shared-memory footprint) and f32 activations (an f32 dot).
