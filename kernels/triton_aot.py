@@ -26,6 +26,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import inspect
 import math
 import os
 import re
@@ -41,7 +42,8 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, plan
 from lrl_jax.kernels.matmul import pallas_matmul
 
-__all__ = ["SM", "SMS", "TritonIR", "CompileReport", "triton_ir", "compile_ir", "compile_kernel", "main"]
+__all__ = ["SM", "SMS", "TritonIR", "CompileReport", "lowered_triton_irs", "triton_ir", "compile_ir", "compile_kernel",
+           "occupancy", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +147,9 @@ def _capture(out: list):
 
   def wrapped(*args, **kwargs):
     result = orig(*args, **kwargs)
-    out.append(result.module.operation.get_asm())
+    # The launch parameters live in the caller (jax's pallas_call lowering rule), not in the TTIR.
+    caller = inspect.currentframe().f_back.f_locals
+    out.append((result.module.operation.get_asm(), caller.get("num_warps"), caller.get("num_stages")))
     return result
 
   reg.lowering.lower_jaxpr_to_triton_module = wrapped
@@ -153,6 +157,20 @@ def _capture(out: list):
     yield
   finally:
     reg.lowering.lower_jaxpr_to_triton_module = orig
+
+
+def lowered_triton_irs(fn, *args) -> list[TritonIR]:
+  """The TTIR and launch parameters of every Pallas Triton kernel in `jax.jit(fn)(*args)` lowered for cuda."""
+  found: list = []
+  checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  with _capture(found):
+    export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
+  irs = []
+  for text, warps, stages in found:
+    if not isinstance(warps, int) or not isinstance(stages, int):  # pragma: no cover - depends on the jax version
+      raise RuntimeError(f"triton_aot: jax {jax.__version__}'s Triton lowering no longer holds num_warps / num_stages")
+    irs.append(TritonIR(re.search(r"tt\.func public @([\w$.]+)", text).group(1), text, warps, stages))
+  return irs
 
 
 def triton_ir(x: jax.ShapeDtypeStruct, q, *, block: BlockConfig = BlockConfig()) -> list[TritonIR]:
@@ -163,16 +181,10 @@ def triton_ir(x: jax.ShapeDtypeStruct, q, *, block: BlockConfig = BlockConfig())
     q: a weight QArray [K, N] along K, or its `jax.eval_shape`.
     block: tiles, as for the kernels.
   """
-  texts: list[str] = []
-  f = jax.jit(lambda x, q: pallas_matmul(x, q, block=block, target="gpu", interpret=False))
-  checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  with _capture(texts):
-    export.export(f, platforms=["cuda"], disabled_checks=checks)(x, q)
-  if not texts:
+  irs = lowered_triton_irs(lambda x, q: pallas_matmul(x, q, block=block, target="gpu", interpret=False), x, q)
+  if not irs:
     raise RuntimeError("triton_aot: lowering for cuda produced no Triton kernel")
-  names = [re.search(r"tt\.func public @([\w$.]+)", t).group(1) for t in texts]
-  p = plan(x.shape[0], x.shape[1], q.shape[1], q.spec, block, "gpu")
-  return [TritonIR(nm, t, p.num_warps, block.num_stages) for nm, t in zip(names, texts)]
+  return irs
 
 
 def _tool(name: str) -> str:

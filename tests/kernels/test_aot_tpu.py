@@ -6,6 +6,7 @@ each operand's memory tiling, layouts and VMEM allocation are checked exactly as
 """
 
 import functools
+import importlib
 
 import numpy as np
 import pytest
@@ -14,7 +15,13 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from lrl_jax import quant
+from lrl_jax.kernels import dispatch
 from lrl_jax.kernels import tpu_aot as aot
+from lrl_jax.models import ModelConfig, init_params
+from lrl_jax.sampler import SamplingConfig, serve_params
+
+generate_module = importlib.import_module("lrl_jax.sampler.generate")  # the package re-exports `generate`
 
 pytestmark = pytest.mark.aot
 pytest.importorskip("libtpu", reason="libtpu (make test-aot) compiles for TPU")
@@ -65,3 +72,41 @@ def test_int8_blocks_of_8_rows_do_not_tile_which_is_why_zero_points_are_cast(dty
 def test_cli_table(capsys):
   assert aot.main(["--topologies", "v5e:2x2", "--shapes", "4096x4096", "--m", "1", "--formats", "int4_g128_zp"]) == 0
   assert "| v5e:2x2 | 4096x4096 | 1 | int4_g128_zp | 16×256×1024 | 4 | yes |" in capsys.readouterr().out
+
+
+SAMPLER_FORMATS = {"int4_g128": quant.Int4(group_size=128), "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
+                   "nvfp4": quant.NVFP4(), "fp8_channel": quant.FP8()}
+
+
+@pytest.mark.parametrize("fmt", list(SAMPLER_FORMATS))
+def test_sampler_generate_compiles_for_tpu_with_the_kernels(fmt, monkeypatch):
+  """The whole sampler — prefill, the decode while-loop over the KV cache, scanned layers — with a served low-bit
+  tree compiles for v5e with every projection on the Pallas kernel (dispatch as on a TPU host)."""
+  cfg = ModelConfig(arch="llama", vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_layers=2,
+                    num_heads=8, num_kv_heads=4, dtype="bfloat16", param_dtype="float32")
+  spec = SAMPLER_FORMATS[fmt]
+  paths = []
+  supported = dispatch.supported
+
+  def spy(x, q, **kw):
+    s = supported(x, q, **kw)
+    paths.append(s.path)
+    return s
+
+  monkeypatch.setattr(dispatch, "_backend", lambda: "tpu")
+  monkeypatch.setattr(dispatch, "supported", spy)
+  # On a TPU host pallas_matmul compiles rather than interprets; jax's default backend here is the CPU.
+  monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
+  served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), spec))
+  topo = aot.topology("v5e:2x2")
+  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec())
+  sds = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), t)
+  b, p = 8, 32
+  args = sds((served, jax.ShapeDtypeStruct((b, p), jnp.int32), jax.ShapeDtypeStruct((b, p), jnp.bool_),
+              jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b))))
+  lowered = generate_module._generate.lower(*args, cfg=cfg, sampling=SamplingConfig(max_new_tokens=4),
+                                            cache_dtype=jnp.dtype(jnp.bfloat16), act_spec=None, lora=None)
+  # 7 projections (q, k, v, o, gate, up, down) in the scanned layer body, once for prefill and once for decode.
+  assert lowered.as_text().count("tpu_custom_call") == 14
+  assert paths and set(paths) == {"pallas-mosaic-tpu"}
+  lowered.compile()

@@ -5,6 +5,8 @@ missing triton fails instead of skipping. The references are independent of this
 resource report (through cuobjdump) and the per-SM limits of the CUDA C Programming Guide.
 """
 
+import functools
+
 import pytest
 
 import jax
@@ -13,6 +15,8 @@ import jax.numpy as jnp
 from lrl_jax import quant
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels import triton_aot as aot
+from lrl_jax.models import ModelConfig, init_params
+from lrl_jax.sampler import SamplingConfig, generate, serve_params
 
 pytestmark = pytest.mark.aot
 triton = pytest.importorskip("triton", reason="the `aot` extra (make test-aot) compiles the TTIR")
@@ -89,3 +93,29 @@ def test_cli_table(capsys):
   out = capsys.readouterr().out
   assert "| 4096x4096 | 1 | int4_g128 | 16×128×128 | 8 | 4 |" in out  # split-K 8, 4 warps
   assert "| 4096x4096 | 1 | fp8_channel | 16×128×128 | 8 | 4 |" in out
+
+
+SAMPLER_FORMATS = {"int4_g128": quant.Int4(group_size=128), "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
+                   "nvfp4": quant.NVFP4(), "fp8_channel": quant.FP8()}
+
+
+@pytest.mark.parametrize("fmt", list(SAMPLER_FORMATS))
+def test_sampler_generate_kernels_compile_for_sm90(fmt, monkeypatch):
+  """Every kernel the sampler launches — prefill (M = B·P rows) and decode (M = B) for each projection — as jax
+  lowers `generate` for cuda with dispatch as on an H200, compiled for sm_90: no spills, shared memory with margin."""
+  cfg = ModelConfig(arch="llama", vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_layers=2,
+                    num_heads=8, num_kv_heads=4, dtype="bfloat16", param_dtype="float32")
+  monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
+  monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
+  monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
+  served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), SAMPLER_FORMATS[fmt]))
+  b, p = 8, 32
+  sampling = SamplingConfig(max_new_tokens=4)
+  fn = lambda params, prompts, valid: generate(params, prompts, valid, cfg, sampling, jax.random.key(0))
+  irs = aot.lowered_triton_irs(fn, served, jax.ShapeDtypeStruct((b, p), jnp.int32), jax.ShapeDtypeStruct((b, p), jnp.bool_))
+  assert len(irs) == 14  # 7 projections in the scanned layer body, for prefill and for decode
+  assert {ir.num_warps for ir in irs} == {4, 8}  # decode (16-row tile) and prefill (64-row tiles)
+  for ir in irs:
+    res, _ = aot.compile_ir(ir, arch=90)
+    assert res["local_bytes"] == 0, f"{ir.name} ({ir.num_warps} warps) spills {res['local_bytes']} B"
+    assert res["shared_bytes"] <= 0.9 * H200.smem_block and res["registers"] <= H200.max_regs_thread
