@@ -252,7 +252,10 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       name=f"{q.spec.name}_matmul",
   )(*operands)
   if p.schedule == "k_loop":
-    out = out.sum(axis=0)  # split-K partials (a no-op reduction when split_k == 1)
+    # Split-K partials [S, M_pad, N] (a no-op reduction when S == 1). Rows are sliced before the sum, so the
+    # reduction reads only the M real rows. The kernel still writes all M_pad: Pallas Triton does not mask a
+    # row tile that overhangs the array (no mask in the TTIR, checked), so the padding stays.
+    return out[:, :m].sum(axis=0).astype(x.dtype)
   return out[:m].astype(x.dtype)
 
 
