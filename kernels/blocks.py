@@ -186,11 +186,16 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
     def n_ok(c: int) -> bool:
       return c % 128 == 0 or (c == n and n <= _TPU_MAX_FULL_N)
 
+    # Scale rows per block: a multiple of the scale dtype's sublane tiling. 8 for 16- and 32-bit scales; 32
+    # for the 8-bit ones (NVFP4's e4m3, MXFP8's e8m0), which Mosaic tiles (32, 128) in memory: a (48, 576)
+    # block of NVFP4 scales [96, 576] (SmolLM2's down projection) failed with E2002 (`make test-aot`).
+    srow_tile = 32 if isinstance(spec, (quant.NVFP4, quant.MXFP8)) else 8
+
     def k_ok(c: int) -> bool:
       xk = c // per_row
       srows = c // kg if kg < k else 1
       return (group_ok(c) and c % per_row == 0 and (xk % 128 == 0 or c == k)
-              and (srows % 8 == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt_bk))
+              and (srows % srow_tile == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt_bk))
   else:
     # Triton: power-of-two tiles, dots >= 16 on every side.
     def n_ok(c: int) -> bool:

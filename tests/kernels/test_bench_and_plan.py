@@ -63,3 +63,14 @@ def test_tpu_refuses_k_without_a_legal_chunk():
     plan(1, 11008, 4096, quant.Int4(group_size=128), BlockConfig(), "tpu")
   p = plan(1, 11008, 4096, quant.Int4(group_size=128), BlockConfig(), "gpu")
   assert (p.bk, p.split_k) == (128, 2)  # 11008 / 2 = 5504 = 43 chunks of 128; a split in 4 would not divide
+
+
+def test_tpu_8bit_scales_take_blocks_of_32_rows():
+  """Mosaic tiles 8-bit arrays (32, 128) in memory: NVFP4's e4m3 and MXFP8's e8m0 scale blocks need 32k rows
+  (a (48, 576) block of SmolLM2's [96, 576] NVFP4 scales failed to compile: test_aot_tpu.py). bf16 INT4 scales
+  keep the 8-row rule."""
+  p = plan(16, 1536, 576, quant.NVFP4(), BlockConfig(), "tpu")
+  assert (p.bk, (p.bk // 16) % 32) == (512, 0)
+  p = plan(16, 1536, 576, quant.MXFP8(), BlockConfig(), "tpu")
+  assert p.bk == 1536  # 32-row blocks of 32-element groups need bk = 1024, which does not divide 1536: all of K
+  assert plan(16, 1536, 576, quant.Int4(group_size=64), BlockConfig(), "tpu").bk == 512  # 8 bf16 scale rows
