@@ -117,3 +117,20 @@ def test_sampler_generate_compiles_for_tpu_with_the_kernels(model, fmt, monkeypa
   assert lowered.as_text().count("tpu_custom_call") == 14
   assert paths and set(paths) == {"pallas-mosaic-tpu"}
   lowered.compile()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "int4_g128"])
+def test_gradient_through_the_kernel_compiles_for_tpu(fmt, monkeypatch):
+  """LoRA over a frozen low-bit base differentiates through `qmatmul`: the custom_vjp's forward is the Pallas
+  kernel, its backward an XLA dot with ŵᵀ. Both compile for v5e in one executable."""
+  monkeypatch.setattr(dispatch, "_backend", lambda: "tpu")
+  monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
+  topo = aot.topology("v5e:2x2")
+  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec())
+  q = jax.eval_shape(lambda w: quant.quantize(w, aot.FORMATS[fmt], axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+  q = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), q)
+  x = jax.ShapeDtypeStruct((16, 4096), jnp.bfloat16, sharding=rep)
+  loss = lambda x, q: dispatch.qmatmul(x, q).astype(jnp.float32).sum()
+  lowered = jax.jit(jax.grad(loss)).lower(x, q)
+  assert lowered.as_text().count("tpu_custom_call") == 1  # the forward kernel; dx is an XLA dot
+  lowered.compile()
