@@ -18,8 +18,9 @@ from jax.experimental import pallas as pl
 from lrl_jax import quant
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels import tpu_aot as aot
-from lrl_jax.models import ModelConfig, init_params
+from lrl_jax.models import init_params
 from lrl_jax.sampler import SamplingConfig, serve_params
+from tests.kernels._aot_cases import MODELS, SAMPLER_CASES, SAMPLER_FORMATS
 
 generate_module = importlib.import_module("lrl_jax.sampler.generate")  # the package re-exports `generate`
 
@@ -72,18 +73,6 @@ def test_int8_blocks_of_8_rows_do_not_tile_which_is_why_zero_points_are_cast(dty
 def test_cli_table(capsys):
   assert aot.main(["--topologies", "v5e:2x2", "--shapes", "4096x4096", "--m", "1", "--formats", "int4_g128_zp"]) == 0
   assert "| v5e:2x2 | 4096x4096 | 1 | int4_g128_zp | 16×256×1024 | 4 | yes |" in capsys.readouterr().out
-
-
-SAMPLER_FORMATS = {"int4_g128": quant.Int4(group_size=128), "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
-                   "nvfp4": quant.NVFP4(), "fp8_channel": quant.FP8(), "int4_g64": quant.Int4(group_size=64)}
-MODELS = {  # a Llama-shaped toy, and SmolLM2-135M's shapes (width 576: INT4 needs G = 64) with two of its 30 layers
-    "llama_1k": ModelConfig(arch="llama", vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_layers=2,
-                            num_heads=8, num_kv_heads=4, dtype="bfloat16", param_dtype="float32"),
-    "smollm2": ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=2,
-                           num_heads=9, num_kv_heads=3, tie_word_embeddings=True, dtype="bfloat16", param_dtype="float32"),
-}
-SAMPLER_CASES = [("llama_1k", f) for f in ("int4_g128", "int4_g128_zp", "nvfp4", "fp8_channel")] + [
-    ("smollm2", "int4_g64"), ("smollm2", "nvfp4")]
 
 
 @pytest.mark.parametrize("model,fmt", SAMPLER_CASES)
