@@ -16,7 +16,8 @@ along K. Two schedules share one kernel body (see README.md):
 A tile left at None is chosen per target and shape (the largest legal tile up to the
 target's default that divides the dimension); a tile you set is used as is, and a
 dimension it does not divide raises `Unsupported`. Weights are never padded: that
-would copy them on every call, the very traffic the kernels exist to avoid. M is padded.
+would copy them on every call, the very traffic the kernels exist to avoid. M is padded
+to the row tile on TPU and masked on GPU.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class BlockConfig:
 
   Attributes:
     bm: largest row tile; the actual one is the smallest allowed tile >= M, up to bm
-      (M is padded up to a multiple of it inside the call).
+      (M is padded up to a multiple of it on TPU; masked on GPU).
     bn: output-column tile. None: the largest legal divisor of N up to the target default.
     bk: contraction chunk (logical K elements dequantized and fed to one dot).
       None: the largest legal divisor of K up to the target default.

@@ -110,7 +110,10 @@ def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision):
   return acc
 
 
-def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype, precision, chunks: int):
+def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype, precision, chunks: int,
+            m_rows: int | None = None):
+  """One program's output tile. m_rows (k_loop only): the real row count when the last row tile overhangs it;
+  those rows are then masked on load and store (Pallas Triton does not mask an overhanging block itself)."""
   x_refs = refs[:n_x]
   c_ref, s_ref = refs[n_x], refs[n_x + 1]
   z_ref = refs[n_x + 2] if has_zp else None
@@ -130,9 +133,16 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
   rows = p.bk // 2 if p.packed else p.bk  # code (and x-plane) rows per chunk
   srows = p.bk // p.kg  # scale rows per chunk (unused for FP8 channel: one row for all of K)
 
+  if m_rows is None:
+    load_x = lambda r, cols: r[:, cols]
+  else:
+    from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+    row_ok = pl.program_id(0) * p.bm + lax.broadcasted_iota(jnp.int32, (p.bm, 1), 0) < m_rows
+    load_x = lambda r, cols: pltriton.load(r.at[:, cols], mask=jnp.broadcast_to(row_ok, (p.bm, rows)), other=0)
+
   def body(t, acc):
     r0 = pl.multiple_of(t * rows, rows)
-    xt = [r[:, pl.ds(r0, rows)] for r in x_refs]
+    xt = [load_x(r, pl.ds(r0, rows)) for r in x_refs]
     c = c_ref[pl.ds(r0, rows), :]
     srow = pl.ds(pl.multiple_of(t * srows, srows), srows)
     s = s_ref[...] if p.channel else s_ref[srow, :]
@@ -140,7 +150,10 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
     return acc + tile(xt, c, s, gs, z)
 
   acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape, jnp.float32))
-  o_ref[...] = acc
+  if m_rows is None:
+    o_ref[...] = acc
+  else:
+    pltriton.store(o_ref, acc, mask=jnp.broadcast_to(row_ok, acc.shape))
 
 
 # --------------------------------------------------------------------------- pallas_call
@@ -184,7 +197,13 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   m, k = x.shape
   n = q.shape[1]
   p = plan(m, k, n, q.spec, block, target)
-  xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.m_pad > m else x
+  # TPU (k_grid): blocks must tile the arrays, so M is padded to the row tile. GPU (k_loop): the last row tile
+  # overhangs M and the kernel masks its rows, so neither x nor the [S, M, N] f32 split-K partials carry padding
+  # (at M = 1, 16-row partials were 2 MiB written and 2 MiB read back for 8192x8192 at S = 4, beside 33 MiB of
+  # INT4 codes and scales).
+  overhang = p.schedule == "k_loop" and p.m_pad > m
+  rows_total = m if p.schedule == "k_loop" else p.m_pad
+  xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.schedule == "k_grid" and p.m_pad > m else x
   xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
   scale = q.scale
   if isinstance(q.spec, quant.MXFP8):
@@ -232,7 +251,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
     if has_zp:
       in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
-    out_shape = jax.ShapeDtypeStruct((p.split_k, p.m_pad, n), jnp.float32)
+    out_shape = jax.ShapeDtypeStruct((p.split_k, rows_total, n), jnp.float32)
     out_spec = pl.BlockSpec((pl.squeezed, p.bm, p.bn), lambda i, j, s: (s, i, j))
     chunks = ks // p.bk
   if has_gs:
@@ -240,7 +259,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
 
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
   kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, has_zp=has_zp, x_dtype=x.dtype,
-                             precision=precision, chunks=chunks)
+                             precision=precision, chunks=chunks, m_rows=m if overhang else None)
   out = pl.pallas_call(
       kernel,
       out_shape=out_shape,
@@ -252,10 +271,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       name=f"{q.spec.name}_matmul",
   )(*operands)
   if p.schedule == "k_loop":
-    # Split-K partials [S, M_pad, N] (a no-op reduction when S == 1). Rows are sliced before the sum, so the
-    # reduction reads only the M real rows. The kernel still writes all M_pad: Pallas Triton does not mask a
-    # row tile that overhangs the array (no mask in the TTIR, checked), so the padding stays.
-    return out[:, :m].sum(axis=0).astype(x.dtype)
+    return out.sum(axis=0).astype(x.dtype)  # split-K partials [S, M, N] (a no-op reduction when S == 1)
   return out[:m].astype(x.dtype)
 
 

@@ -5,6 +5,8 @@ shapes, op support, dtypes) run and emit the Mosaic / Triton IR. Mosaic's compil
 compile are in test_aot_tpu.py / test_aot_triton.py (`make test-aot`); the numbers need the device.
 """
 
+import re
+
 import pytest
 
 import jax
@@ -38,3 +40,21 @@ def test_lowers(spec, k, n, m, platform):
   checks = [export.DisabledSafetyCheck.custom_call(CUSTOM_CALL["cuda"])]  # Triton calls carry no compat promise
   exp = export.export(f, platforms=[platform], disabled_checks=checks)(x, q)
   assert f"@{CUSTOM_CALL[platform]}" in exp.mlir_module()
+
+
+@pytest.mark.parametrize("m,masked", [(1, True), (3, True), (16, False), (100, True)])
+def test_gpu_row_tile_overhang_is_masked(m, masked):
+  """Pallas Triton does not mask a block that overhangs its array, so the kernel does: when M is not a multiple
+  of the row tile, the activation loads and the partial-sum store carry a row mask in the Triton IR (x and the
+  [S, M, N] partials are not padded to the tile: at M = 1 padding wrote and re-read 16 rows)."""
+  from lrl_jax.kernels import triton_aot  # pylint: disable=g-import-not-at-top
+  q = jax.eval_shape(lambda w: quant.quantize(w, quant.Int4(), axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+  (ir,) = triton_aot.triton_ir(jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16), q)
+  stores = re.findall(r"tt\.store ([^:]*):", ir.ttir)
+  x_loads = re.findall(r"tt\.load ([^:]*): tensor<\d+x\d+x!tt\.ptr<bf16>>", ir.ttir)
+  x_loads = [ld for ld in x_loads if ld.count("%") > 0]
+  assert len(stores) == 1
+  n_operands = lambda s: s.count("%")
+  assert n_operands(stores[0]) == (3 if masked else 2)  # ptr, value[, mask]
+  x_plane_loads = [ld for ld in x_loads if n_operands(ld) == 3]  # ptr, mask, other
+  assert len(x_plane_loads) == (2 if masked else 0)  # the two nibble planes of x
