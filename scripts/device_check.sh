@@ -24,8 +24,9 @@ timeout 200 python3 -m lrl_jax.kernels.bench --shapes 8192x8192,4096x14336 --m 1
 cat "$OUT/bench.md"
 # Tuning rows the AOT compile could not settle (kernels/README.md): deeper pipelining (more bytes in flight
 # per SM at decode) and the first defaults' bigger chunk, each beside its own bf16 and XLA rows.
-for v in "--num-stages 4" "--bk 256"; do
-  timeout 60 python3 -m lrl_jax.kernels.bench --shapes 8192x8192 --m 1,16 --formats int4_g128,nvfp4 --iters 50 $v \
-    > "$OUT/bench_${v// /_}.md" 2>&1; echo "bench $v exit $?" >> "$OUT/bench_${v// /_}.md"
-  tail -12 "$OUT/bench_${v// /_}.md"
+for v in "stages4:--num-stages 4" "bk256:--bk 256"; do
+  name=${v%%:*}; flags=${v#*:}
+  timeout 60 python3 -m lrl_jax.kernels.bench --shapes 8192x8192 --m 1,16 --formats int4_g128,nvfp4 --iters 50 $flags \
+    > "$OUT/bench_$name.md" 2>&1; echo "bench $flags exit $?" >> "$OUT/bench_$name.md"
+  tail -12 "$OUT/bench_$name.md"
 done
