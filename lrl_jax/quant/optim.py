@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from lrl_jax.quant.qarray import check_spec, quantize
-from lrl_jax.quant.rules import SCALE_SUFFIX, ZERO_SUFFIX, QuantRules, path_str
+from lrl_jax.quant.rules import SCALE_SUFFIX, ZERO_SUFFIX, QuantRules, path_str, sibling_base
 from lrl_jax.quant.specs import Int4
 
 __all__ = ["int4_update_clip", "int4_group_steps"]
@@ -39,12 +39,8 @@ def _flat(tree) -> dict[str, jax.Array]:
 
 def _is_sibling(path: str, flat: dict, rules: QuantRules) -> bool:
   """True for `P/kernel_scale` / `P/kernel_zero` when `P/kernel` is in the tree and selected."""
-  for suf in (SCALE_SUFFIX, ZERO_SUFFIX):
-    if path.endswith(suf):
-      base = path[: -len(suf)]
-      if base in flat and rules.spec_for(base) is not None:
-        return True
-  return False
+  base = sibling_base(path)
+  return base in flat and rules.spec_for(base) is not None
 
 
 def int4_group_steps(w: jax.Array, spec: Int4, *, axis: int, scale: jax.Array | None = None,

@@ -23,7 +23,7 @@ from lrl_jax.quant.qarray import QArray, dequantize, fake_quant, learned_fake_qu
 from lrl_jax.quant.specs import Spec
 
 __all__ = ["QuantRules", "path_str", "quantize_params", "fake_quant_params", "dequantize_params", "init_learned",
-           "SCALE_SUFFIX", "ZERO_SUFFIX"]
+           "SCALE_SUFFIX", "ZERO_SUFFIX", "sibling_base"]
 
 # Excluded first: the first matching rule wins.
 DEFAULT_KEEP = (r"embed", r"lm_head", r"norm", r"router", r"gate/kernel$", r"bias$")
@@ -83,11 +83,16 @@ SCALE_SUFFIX = "_scale"  # learned INT4: `P/kernel_scale` sits next to `P/kernel
 ZERO_SUFFIX = "_zero"  # and `P/kernel_zero` when the zero point is learned too
 
 
-def _is_sibling(key: str, node: dict) -> bool:
+def sibling_base(name: str) -> str | None:
+  """'P/kernel' for a learned-scale sibling name 'P/kernel_scale' / 'P/kernel_zero' (a key or a path); else None."""
   for suffix in (SCALE_SUFFIX, ZERO_SUFFIX):
-    if key.endswith(suffix) and key[:-len(suffix)] in node:
-      return True
-  return False
+    if name.endswith(suffix):
+      return name[:-len(suffix)]
+  return None
+
+
+def _is_sibling(key: str, node: dict) -> bool:
+  return sibling_base(key) in node
 
 
 def _map_selected(fn: Callable[..., Any], params, rules: QuantRules, *, drop_siblings: bool):
