@@ -168,7 +168,6 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   if schedule == "auto":
     schedule = "k_grid" if target == "tpu" else "k_loop"
   dflt = DEFAULTS[target]
-  dflt_bk = dflt["bk"]
 
   # Rows: the smallest allowed tile covering M (decode pads 1 -> 16, not to bm).
   # Triton's tl.dot needs every dimension >= 16 and powers of two; TPU bf16 packs 16 rows per vreg.
@@ -196,7 +195,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       xk = c // per_row
       srows = c // kg if kg < k else 1
       return (group_ok(c) and c % per_row == 0 and (xk % 128 == 0 or c == k)
-              and (srows % srow_tile == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt_bk))
+              and (srows % srow_tile == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt["bk"]))
   else:
     # Triton: power-of-two tiles, dots >= 16 on every side.
     def n_ok(c: int) -> bool:
@@ -220,11 +219,11 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       programs = (m_pad // bm) * (n // bn)
 
       def best_chunk(ks: int) -> int:
-        return max([c for c in range(16, min(ks, dflt_bk) + 1) if ks % c == 0 and k_ok(c)], default=0)
+        return max([c for c in range(16, min(ks, dflt["bk"]) + 1) if ks % c == 0 and k_ok(c)], default=0)
 
       def split_ok(s: int) -> bool:  # splitting must not shrink the chunk (nor leave < 2 per split)
         ks = k // s
-        return (k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt_bk
+        return (k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt["bk"]
                 and best_chunk(ks) == best_chunk(k))
 
       while split_k < 8 and programs * split_k * 2 <= _GPU_MAX_PROGRAMS and split_ok(split_k * 2):
@@ -232,7 +231,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   ks = k // split_k
   if block.bk is not None and ks % block.bk:
     raise Unsupported(f"{name}: K={k} is not a multiple of split_k*bk={split_k}*{block.bk}")
-  bk = _choose(ks, block.bk, dflt_bk, k_ok, "K" if split_k == 1 else f"K/split_k", name)
+  bk = _choose(ks, block.bk, dflt["bk"], k_ok, "K" if split_k == 1 else f"K/split_k", name)
   if split_k > 1 and kg < k and ks % kg:
     raise Unsupported(f"{name}: K/split_k={ks} is not a multiple of the group size {kg}")
   num_warps = block.num_warps or (8 if bm >= 64 else 4)

@@ -201,9 +201,8 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   # overhangs M and the kernel masks its rows, so neither x nor the [S, M, N] f32 split-K partials carry padding
   # (at M = 1, 16-row partials were 2 MiB written and 2 MiB read back for 8192x8192 at S = 4, beside 33 MiB of
   # INT4 codes and scales).
-  overhang = p.schedule == "k_loop" and p.m_pad > m
-  rows_total = m if p.schedule == "k_loop" else p.m_pad
-  xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.schedule == "k_grid" and p.m_pad > m else x
+  pad = p.schedule == "k_grid"
+  xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if pad and p.m_pad > m else x
   xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
   scale = q.scale
   if isinstance(q.spec, quant.MXFP8):
@@ -251,7 +250,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
     if has_zp:
       in_specs.append(pl.BlockSpec((ks // p.kg, scale_cols), lambda i, j, s: (s, j)))
-    out_shape = jax.ShapeDtypeStruct((p.split_k, rows_total, n), jnp.float32)
+    out_shape = jax.ShapeDtypeStruct((p.split_k, m, n), jnp.float32)
     out_spec = pl.BlockSpec((pl.squeezed, p.bm, p.bn), lambda i, j, s: (s, i, j))
     chunks = ks // p.bk
   if has_gs:
@@ -259,7 +258,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
 
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
   kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, has_zp=has_zp, x_dtype=x.dtype,
-                             precision=precision, chunks=chunks, m_rows=m if overhang else None)
+                             precision=precision, chunks=chunks, m_rows=m if not pad and p.m_pad > m else None)
   out = pl.pallas_call(
       kernel,
       out_shape=out_shape,
