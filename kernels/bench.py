@@ -6,8 +6,9 @@ Every row is timed in the same run as its bf16 baseline (warm-up, `block_until_r
 median of --iters calls); the speed-up is that side-by-side ratio. Bandwidth counts the
 bytes a matmul must read: weights + scales + activations.
 
-On an accelerator each format is timed twice: the Pallas kernel and the XLA
-dequantize-then-dot fallback (`qmatmul` should pick the faster). On CPU only the XLA
+On an accelerator each format is timed as the Pallas kernel and as the XLA
+dequantize-then-dot fallback (`qmatmul` should pick the faster); on an sm_90+ GPU also as
+the Mosaic GPU kernel (path "mosaic", `mosaic_gpu.py`) beside Triton (path "pallas"). On CPU only the XLA
 path is timed: Pallas runs there in interpret mode, orders of magnitude slower than any
 compiled kernel, so its timings would mean nothing; the accelerator rows are reported
 as not measured.
@@ -28,6 +29,7 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, Unsupported
 from lrl_jax.kernels.dispatch import xla_matmul
 from lrl_jax.kernels.matmul import pallas_matmul
+from lrl_jax.kernels.mosaic_gpu import triton_available
 
 __all__ = ["main", "run", "Row"]
 
@@ -47,7 +49,7 @@ class Row:
   n: int
   m: int
   fmt: str
-  path: str  # "bf16 dot", "pallas" or "xla"
+  path: str  # "bf16 dot", "pallas" (Triton on GPU, Mosaic on TPU), "mosaic" (Mosaic GPU) or "xla"
   seconds: float | None  # None: not measured (reason in `note`)
   bytes_read: int
   speedup: float | None
@@ -74,10 +76,15 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
   """Times every (shape, M, format, path) and its bf16 baseline; returns the rows."""
   backend = jax.default_backend()
   accel = backend in ("gpu", "tpu", "cuda", "rocm")
-  target = "tpu" if backend == "tpu" else "gpu"
+  paths = {"pallas": "tpu"} if backend == "tpu" else {"pallas": "gpu"}
+  if accel and backend != "tpu" and _compute_capability() >= 9.0:
+    paths["mosaic"] = "mosaic_gpu"
+  if accel and backend != "tpu" and not triton_available():
+    paths = {"mosaic": "mosaic_gpu"}
   dot_bf16 = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
   xla = jax.jit(xla_matmul)
-  kern = jax.jit(lambda x, q: pallas_matmul(x, q, block=block, target=target, interpret=False))
+  kerns = {name: jax.jit(lambda x, q, t=t: pallas_matmul(x, q, block=block, target=t, interpret=False))
+           for name, t in paths.items()}
   rows = []
   key = jax.random.key(seed)
   for k, n in shapes:
@@ -99,12 +106,20 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
           rows.append(Row(k, n, m, f, "pallas", None, nbytes, None,
                           f"not measured: no accelerator ({backend})"))
           continue
-        try:
-          t = _time(kern, x, q, iters=iters, warmup=warmup)
-          rows.append(Row(k, n, m, f, "pallas", t, nbytes, t_ref / t))
-        except Unsupported as e:
-          rows.append(Row(k, n, m, f, "pallas", None, nbytes, None, f"unsupported: {e}"))
+        for name, kern in kerns.items():
+          try:
+            t = _time(kern, x, q, iters=iters, warmup=warmup)
+            rows.append(Row(k, n, m, f, name, t, nbytes, t_ref / t))
+          except Unsupported as e:
+            rows.append(Row(k, n, m, f, name, None, nbytes, None, f"unsupported: {e}"))
   return rows
+
+
+def _compute_capability() -> float:
+  try:
+    return float(getattr(jax.devices()[0], "compute_capability", 0) or 0)
+  except (TypeError, ValueError):
+    return 0.0
 
 
 def format_table(rows: list[Row]) -> str:
@@ -160,11 +175,11 @@ def main(argv=None) -> int:
     print("\nCPU: timed the XLA dequantize-then-dot path only. Pallas kernels run on CPU in interpret "
           "mode, far too slow to mean anything; the accelerator (Pallas) rows were NOT measured.")
   else:
-    slower = [r for r in rows if r.path == "pallas" and r.seconds is not None
+    slower = [r for r in rows if r.path in ("pallas", "mosaic") and r.seconds is not None
               and any(o.path == "xla" and (o.k, o.n, o.m, o.fmt) == (r.k, r.n, r.m, r.fmt)
                       and o.seconds < r.seconds for o in rows)]
     print("\nPallas slower than the XLA path at: " +
-          (", ".join(f"{r.fmt} {r.k}x{r.n} M={r.m}" for r in slower) or "none"))
+          (", ".join(f"{r.fmt} {r.k}x{r.n} M={r.m} ({r.path})" for r in slower) or "none"))
   return 0
 
 

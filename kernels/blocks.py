@@ -29,7 +29,9 @@ from lrl_jax import quant
 
 __all__ = ["BlockConfig", "Plan", "plan", "Unsupported", "DEFAULTS"]
 
-Target = Literal["tpu", "gpu"]
+# "gpu" is Pallas Triton (the k_loop schedule); "mosaic_gpu" the Hopper `wgmma` kernel of mosaic_gpu.py,
+# which walks K like k_loop but with a 64-row tile and TMA pipelining.
+Target = Literal["tpu", "gpu", "mosaic_gpu"]
 
 # Per-target default tiles (upper bounds of the automatic choice).
 #   TPU: blocks big enough to amortize the ~0.35 us per grid step, small enough that the
@@ -42,7 +44,11 @@ Target = Literal["tpu", "gpu"]
 #        per thread at M <= 16, NVFP4 2.9 KB at M = 64) and FP8 / MXFP8 at M = 64 used 224-226 KiB
 #        of shared memory, within 1 KiB of the 227 KiB launch limit. bk = 128 and 8 warps for the
 #        64-row tile leave every format spill-free. Not timed: no GPU was available.
-DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 128}}
+#   Mosaic GPU: 64 code rows per chunk (bk 128 for 4-bit formats, 64 for 8-bit), bn 128: a (64, 128) tile
+#        dequantized in the `wgmma` register layout. Shared memory with 3 chunks in flight: 3 x 25 KiB of
+#        TMA buffers plus the bf16 operands (2 x 16 KiB), the f32 scale tile and the output tile (32 KiB each).
+DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 128}, "mosaic_gpu": {"bn": 128, "bk": 128}}
+_MGPU_ROWS = 64  # code rows per chunk on Mosaic GPU: the wgmma register layout is 64-row tiles
 _GPU_MAX_PROGRAMS = 264  # 2 waves on an H100/H200 (132 SMs): the split-K heuristic's target
 _TPU_MAX_FULL_N = 1024  # full-dimension TPU blocks above these would crowd VMEM
 _TPU_MAX_FULL_K = 4096
@@ -67,7 +73,8 @@ class BlockConfig:
     schedule: "auto" (k_grid on TPU, k_loop on GPU), "k_grid" or "k_loop".
     num_warps: Triton warps per program (GPU only). None: 4 for row tiles below 64, 8 for the
       64-row tile (whose wgmma accumulators and dequantized tiles would otherwise spill).
-    num_stages: Triton software-pipelining depth (GPU only).
+    num_stages: Triton software-pipelining depth (GPU only); on Mosaic GPU, the chunks in flight
+      (`emit_pipeline`'s max_concurrent_steps).
   """
 
   bm: int = 64
@@ -104,6 +111,7 @@ class Plan:
     ng: N columns per scale column (1, or the FP8 block edge).
     channel: one scale row for all of K (FP8 channel): the scale block is (1, bn) at every K step.
     num_warps: Triton warps per program (GPU).
+    stages: chunks in flight (Triton num_stages / Mosaic GPU max_concurrent_steps).
   """
 
   schedule: str
@@ -117,6 +125,7 @@ class Plan:
   ng: int
   channel: bool
   num_warps: int = 4
+  stages: int = 3
 
 
 def _pow2(n: int) -> bool:
@@ -167,11 +176,16 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   schedule = block.schedule
   if schedule == "auto":
     schedule = "k_grid" if target == "tpu" else "k_loop"
+  if target == "mosaic_gpu" and schedule != "k_loop":
+    raise Unsupported(f"{name}: the Mosaic GPU kernel walks K in-kernel (schedule 'k_loop'); got {schedule!r}")
   dflt = DEFAULTS[target]
 
   # Rows: the smallest allowed tile covering M (decode pads 1 -> 16, not to bm).
   # Triton's tl.dot needs every dimension >= 16 and powers of two; TPU bf16 packs 16 rows per vreg.
+  # Mosaic GPU: always the 64 rows of one warpgroup MMA.
   bm = min(max(16, _next_pow2(m)), max(16, _next_pow2(block.bm)))
+  if target == "mosaic_gpu":
+    bm = _MGPU_ROWS
   m_pad = -(-m // bm) * bm
 
   def group_ok(c: int) -> bool:  # a chunk holds whole scale groups
@@ -196,6 +210,15 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       srows = c // kg if kg < k else 1
       return (group_ok(c) and c % per_row == 0 and (xk % 128 == 0 or c == k)
               and (srows % srow_tile == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt["bk"]))
+  elif target == "mosaic_gpu":
+    if isinstance(spec, quant.FP8) and spec.granularity == "block":
+      raise Unsupported(f"{name}: FP8 block scales are not expressed in the Mosaic GPU kernel (Triton / XLA)")
+
+    def n_ok(c: int) -> bool:  # the wgmma N (<= 256) and a 128-byte-swizzled bf16 operand
+      return c % 64 == 0 and c <= 256
+
+    def k_ok(c: int) -> bool:  # whole scale groups; 64 code rows, the wgmma register layout's tile
+      return group_ok(c) and c % per_row == 0 and c // per_row == _MGPU_ROWS
   else:
     # Triton: power-of-two tiles, dots >= 16 on every side.
     def n_ok(c: int) -> bool:
@@ -206,6 +229,8 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       srows = c // kg if kg < k else 1
       return group_ok(c) and c % per_row == 0 and _pow2(rows) and rows >= 16 and _pow2(srows)
 
+  if target == "mosaic_gpu":
+    dflt = {**dflt, "bk": _MGPU_ROWS * per_row}
   bn = _choose(n, block.bn, ng if ng > 1 else dflt["bn"], n_ok, "N", name)
 
   split_k = 1
@@ -235,5 +260,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   if split_k > 1 and kg < k and ks % kg:
     raise Unsupported(f"{name}: K/split_k={ks} is not a multiple of the group size {kg}")
   num_warps = block.num_warps or (8 if bm >= 64 else 4)
+  if target == "mosaic_gpu":
+    num_warps = 4  # one warpgroup
   return Plan(schedule=schedule, bm=bm, bn=bn, bk=bk, m_pad=m_pad, split_k=split_k,
-              packed=packed, kg=kg, ng=ng, channel=kg >= k, num_warps=num_warps)
+              packed=packed, kg=kg, ng=ng, channel=kg >= k, num_warps=num_warps, stages=block.num_stages)

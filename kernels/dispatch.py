@@ -2,7 +2,9 @@
 
 Policy (`supported` says which path runs and why):
   TPU   Pallas (Mosaic, k_grid schedule) when a tile plan fits, else XLA.
-  GPU   Pallas (Triton, k_loop schedule) when a tile plan fits, else XLA.
+  GPU   Pallas (Triton, k_loop schedule) when a tile plan fits, else XLA. Where jax no longer ships the
+        Triton backend (deprecated from jax 0.11), the Mosaic GPU kernel (`mosaic_gpu.py`, Hopper wgmma)
+        instead; `impl="mosaic_gpu"` asks for it by name. It stays second until it is timed on a device.
   CPU   XLA dequantize-then-dot: the fast path there. `impl="pallas"` runs the kernel in
         the Pallas interpreter (tests); it is orders of magnitude slower.
 Each distinct fallback reason is logged once (python `logging`, logger "lrl_jax.kernels").
@@ -27,7 +29,7 @@ __all__ = ["Support", "supported", "qmatmul", "xla_matmul"]
 log = logging.getLogger("lrl_jax.kernels")
 _logged: set[str] = set()
 
-Impl = Literal["auto", "pallas", "xla"]
+Impl = Literal["auto", "pallas", "mosaic_gpu", "xla"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +38,15 @@ class Support:
 
   Attributes:
     pallas: a Pallas kernel runs (compiled, or interpreted on CPU).
-    path: "pallas-mosaic-tpu", "pallas-triton", "pallas-interpret" or "xla".
+    path: "pallas-mosaic-tpu", "pallas-triton", "pallas-mosaic-gpu", "pallas-interpret" or "xla".
+    target: the kernel's `blocks.Target` ("tpu", "gpu" = Triton, "mosaic_gpu") when pallas, else None.
     reason: why, in words (why not Pallas, when path is "xla").
   """
 
   pallas: bool
   path: str
   reason: str
+  target: str | None = None
 
   def __bool__(self) -> bool:
     return self.pallas
@@ -72,6 +76,14 @@ def _gpu_compute_capability() -> float | None:
     return float(cc)
   except (TypeError, ValueError):
     return None
+
+
+def _gpu_target(impl: str) -> str:
+  """The GPU kernel `impl` runs: Triton while jax ships it, else (or when asked) Mosaic GPU."""
+  if impl == "mosaic_gpu":
+    return "mosaic_gpu"
+  from lrl_jax.kernels.mosaic_gpu import triton_available  # pylint: disable=g-import-not-at-top
+  return "gpu" if triton_available() else "mosaic_gpu"
 
 
 def _pallas_reason(x, q, backend: str) -> str | None:
@@ -105,8 +117,8 @@ def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
   """
   if not isinstance(q, quant.QArray):
     raise TypeError(f"qmatmul: expected a QArray weight, got {type(q).__name__}")
-  if impl not in ("auto", "pallas", "xla"):
-    raise ValueError(f"qmatmul: impl must be 'auto', 'pallas' or 'xla'; got {impl!r}")
+  if impl not in ("auto", "pallas", "mosaic_gpu", "xla"):
+    raise ValueError(f"qmatmul: impl must be 'auto', 'pallas', 'mosaic_gpu' or 'xla'; got {impl!r}")
   k_axis = q.shape[-2] if q.ndim >= 2 else q.shape[0]
   if x.ndim < 1 or x.shape[-1] != k_axis:
     raise ValueError(f"qmatmul: activations {tuple(x.shape)} do not contract with weight {q.shape}")
@@ -116,9 +128,17 @@ def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
   if backend == "cpu" and impl == "auto":
     return Support(False, "xla", "CPU: XLA dequantize-then-dot is the fast path "
                    "(Pallas runs only in interpret mode there; ask impl='pallas')")
+  if impl == "mosaic_gpu" and backend == "tpu":
+    return Support(False, "xla", "impl='mosaic_gpu' on a TPU: the Mosaic GPU kernel is for NVIDIA Hopper")
+  target = "tpu" if backend == "tpu" else ("gpu" if backend == "cpu" and impl == "pallas" else _gpu_target(impl))
   why = _pallas_reason(x, q, backend)
+  if why is None and target == "mosaic_gpu" and x.dtype == jnp.float32:
+    why = "float32 activations: the Mosaic GPU kernel's wgmma has no exact float32 form; use bf16"
+  if why is None and target == "mosaic_gpu" and backend != "cpu":
+    cc = _gpu_compute_capability()
+    if cc is not None and cc < 9.0:
+      why = f"the Mosaic GPU kernel uses Hopper's wgmma and TMA (sm_90+); this GPU is sm_{cc:g}"
   if why is None:
-    target = "tpu" if backend == "tpu" else "gpu"
     m = 1
     for d in x.shape[:-1]:
       m *= d
@@ -128,8 +148,9 @@ def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
       why = str(e)
   if why is not None:
     return Support(False, "xla", why)
-  path = {"cpu": "pallas-interpret", "tpu": "pallas-mosaic-tpu"}.get(backend, "pallas-triton")
-  return Support(True, path, f"{q.spec.name} kernel on {backend}")
+  path = {"cpu": "pallas-interpret", "tpu": "pallas-mosaic-tpu"}.get(
+      backend, "pallas-mosaic-gpu" if target == "mosaic_gpu" else "pallas-triton")
+  return Support(True, path, f"{q.spec.name} kernel on {backend}", target)
 
 
 def qmatmul(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
@@ -141,14 +162,15 @@ def qmatmul(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
     q: weight QArray [K, N] quantized along K (axis=-2). Other layouts (stacks, other axes)
       take the XLA path, which also accepts them with `jnp.dot` semantics.
     impl: "auto" (see the module docstring), "pallas" (the kernel, or a ValueError saying why
-      not; interpret mode on CPU) or "xla".
+      not; interpret mode on CPU), "mosaic_gpu" (the Mosaic GPU kernel by name; interpret mode on
+      CPU) or "xla".
     block: kernel tile sizes.
   """
   s = supported(x, q, impl=impl, block=block)
   if s.pallas:
-    return _mm.pallas_matmul(x, q, block=block, target="tpu" if _backend() == "tpu" else "gpu")
-  if impl == "pallas":
-    raise ValueError(f"qmatmul(impl='pallas'): {s.reason}")
+    return _mm.pallas_matmul(x, q, block=block, target=s.target)
+  if impl in ("pallas", "mosaic_gpu"):
+    raise ValueError(f"qmatmul(impl={impl!r}): {s.reason}")
   if impl == "auto" and s.reason not in _logged:
     _logged.add(s.reason)
     log.info("qmatmul: XLA path: %s", s.reason)

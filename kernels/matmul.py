@@ -33,7 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
-from lrl_jax.kernels.blocks import BlockConfig, Plan, Target, plan
+from lrl_jax.kernels.blocks import BlockConfig, Plan, Target, Unsupported, plan
 
 __all__ = ["w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul", "default_target"]
 
@@ -160,8 +160,15 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
 
 
 def default_target() -> Target:
-  """'tpu' on TPU, 'gpu' elsewhere (CPU interpret mode runs the GPU schedule)."""
-  return "tpu" if jax.default_backend() == "tpu" else "gpu"
+  """'tpu' on TPU; on a GPU 'gpu' (Triton) while jax ships it, else 'mosaic_gpu'; 'gpu' on CPU (interpret)."""
+  backend = jax.default_backend()
+  if backend == "tpu":
+    return "tpu"
+  if backend != "cpu":
+    from lrl_jax.kernels.mosaic_gpu import triton_available  # pylint: disable=g-import-not-at-top
+    if not triton_available():
+      return "mosaic_gpu"
+  return "gpu"
 
 
 def _compiler_params(target: Target, p: Plan, block: BlockConfig, interpret: bool):
@@ -197,6 +204,9 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   m, k = x.shape
   n = q.shape[1]
   p = plan(m, k, n, q.spec, block, target)
+  if target == "mosaic_gpu":
+    from lrl_jax.kernels.mosaic_gpu import mosaic_gpu_2d  # pylint: disable=g-import-not-at-top
+    return mosaic_gpu_2d(x, q, p, interpret)
   # TPU (k_grid): blocks must tile the arrays, so M is padded to the row tile. GPU (k_loop): the last row tile
   # overhangs M and the kernel masks its rows, so neither x nor the [S, M, N] f32 split-K partials carry padding
   # (at M = 1, 16-row partials were 2 MiB written and 2 MiB read back for 8192x8192 at S = 4, beside 33 MiB of
@@ -309,8 +319,9 @@ def pallas_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockCo
     x: activations [..., K], float32 / bfloat16 / float16; leading dims are flattened to M.
     q: weight QArray [K, N] quantized along K (axis=-2): Int4, NVFP4, FP8 channel/block or MXFP8.
     block: tile sizes (see `BlockConfig`).
-    target: "tpu" (Mosaic, k_grid schedule) or "gpu" (Triton, k_loop schedule); the shape
-      rules and the lowering follow it. Default: the default backend ("gpu" rules on CPU).
+    target: "tpu" (Mosaic, k_grid schedule), "gpu" (Triton, k_loop schedule) or "mosaic_gpu"
+      (Hopper wgmma kernel, `mosaic_gpu.py`; bf16 / f16 activations); the shape rules and the
+      lowering follow it. Default: the default backend ("gpu" rules on CPU).
     interpret: run the kernel in the Pallas interpreter. Default: True on CPU, else False.
 
   Raises:
@@ -325,6 +336,9 @@ def pallas_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockCo
   k, n = q.shape
   lead = x.shape[:-1]
   m = int(np.prod(lead)) if lead else 1
+  if target == "mosaic_gpu" and x.dtype == jnp.float32:
+    raise Unsupported("pallas_matmul: the Mosaic GPU kernel takes bfloat16 / float16 activations (wgmma has no "
+                      "exact float32 form); got float32")
   plan(m, k, n, q.spec, block, target)  # raise at trace time, outside the custom_vjp
   y = _pallas_vjp(x.reshape(m, k), q, block, target, interpret)
   return y.reshape(*lead, n)

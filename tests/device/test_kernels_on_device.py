@@ -50,3 +50,23 @@ def test_compiled_kernel_matches_float64(fmt, dtype, m):
     np.testing.assert_array_equal(y_auto, y.astype(np.float32))  # qmatmul dispatches to the same kernel
   else:
     assert np.all(np.abs(y_auto - x64 @ w_hat) <= bound), f"{fmt}: the XLA path is off"
+
+
+@pytest.mark.parametrize("m", [1, 16, 100])
+@pytest.mark.parametrize("fmt", list(SPECS))
+def test_mosaic_gpu_kernel_matches_float64(fmt, m):
+  """The Mosaic GPU (wgmma) kernel compiled and run on an sm_90+ GPU, bf16 activations (kernels/mosaic_gpu.py)."""
+  dev = jax.devices()[0]
+  if jax.default_backend() == "tpu" or float(getattr(dev, "compute_capability", 0) or 0) < 9.0:
+    pytest.fail(f"the Mosaic GPU kernel needs an sm_90+ GPU; this device is {dev.device_kind}")  # not a skip
+  k, n = 4096, 2048
+  rng = np.random.default_rng(m + 7)
+  w = (rng.standard_normal((k, n)) * np.exp(rng.uniform(-2, 2, (1, n)))).astype(np.float32)
+  q = quant.quantize(jnp.asarray(w), SPECS[fmt], axis=-2)
+  x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
+  y = np.asarray(jax.jit(lambda x, q: pallas_matmul(x, q, target="mosaic_gpu"))(x, q).astype(jnp.float32), np.float64)
+  w_hat = np.asarray(quant.dequantize(q, jnp.bfloat16).astype(jnp.float32), np.float64)
+  x64 = np.asarray(x.astype(jnp.float32), np.float64)
+  bound = TOL[jnp.bfloat16] * (np.abs(x64) @ np.abs(w_hat)) + 1e-30
+  err = np.abs(y - x64 @ w_hat)
+  assert np.all(err <= bound), f"{fmt} M={m}: max err/bound {np.max(err / bound):.3g}"
