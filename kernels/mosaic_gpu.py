@@ -91,14 +91,26 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, has_gs
       return ref[...]
     return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
 
+  def row_broadcast(ref, decode):
+    # One scale row for the whole chunk: read it in the column layout of the wgmma register layout and
+    # broadcast it down the 64 rows in registers (no trip through SMEM).
+    if interpret:
+      r = ref[0, :]
+    else:
+      r = plgpu.load(ref, (0, slice(None)), layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+    return lax.broadcast_in_dim(decode(r), (rows, p.bn), (1,))  # not [None, :]: a (1, bn) has no wgmma layout
+
+  def scales(ref, staging, decode):
+    if srows == 1:
+      return row_broadcast(ref, decode)
+    expand(ref, staging, decode)
+    return wgmma_layout(staging)
+
   def body(_, *chunk, acc_ref):
     xs, c, s = chunk[:n_x], chunk[n_x], chunk[n_x + 1]
-    expand(s, sx, lambda r: _decode_scale(r, spec))
-    if has_zp:
-      expand(chunk[n_x + 2], zx, lambda r: r.astype(jnp.int32).astype(jnp.float32))
-    sf = wgmma_layout(sx)
+    sf = scales(s, sx, lambda r: _decode_scale(r, spec))
+    zf = scales(chunk[n_x + 2], zx, lambda r: r.astype(jnp.int32).astype(jnp.float32)) if has_zp else None
     codes = wgmma_layout(c)
-    zf = wgmma_layout(zx) if has_zp else None
     gs = gs_g[0, 0] if has_gs else None
     for plane, xt in enumerate(xs):
       q = _decode_codes(codes, spec, plane)

@@ -129,3 +129,26 @@ def test_lowers_for_cuda_within_shared_memory(fmt, k, n, m):
   f = jax.jit(lambda x, q: pallas_matmul(x, q, target="mosaic_gpu", interpret=False))
   assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(x, q).mlir_module()
   assert mg.smem_bytes(x, q) <= 0.8 * 227 * 1024
+
+
+@pytest.mark.parametrize("fmt", ["int4_g128", "nvfp4"])
+def test_sampler_generate_lowers_with_mosaic_gpu_kernels(fmt, monkeypatch):
+  """The whole sampler (prefill, the decode loop over the KV cache, scanned layers) lowers for cuda with dispatch as
+  on an H200 whose jax has no Triton: all 14 projections (7 per layer body, prefill and decode) are Mosaic GPU."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from lrl_jax.models import init_params  # pylint: disable=g-import-not-at-top
+  from lrl_jax.sampler import SamplingConfig, generate, serve_params  # pylint: disable=g-import-not-at-top
+  from tests.kernels._aot_cases import MODELS, SAMPLER_FORMATS  # pylint: disable=g-import-not-at-top
+  cfg = MODELS["llama_1k"]
+  monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
+  monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
+  monkeypatch.setattr(mg, "triton_available", lambda: False)
+  monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
+  served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), SAMPLER_FORMATS[fmt]))
+  fn = lambda params, prompts, valid: generate(params, prompts, valid, cfg, SamplingConfig(max_new_tokens=4),
+                                               jax.random.key(0))
+  exp = export.export(jax.jit(fn), platforms=["cuda"])(
+      served, jax.ShapeDtypeStruct((8, 32), jnp.int32), jax.ShapeDtypeStruct((8, 32), jnp.bool_))
+  text = exp.mlir_module()
+  assert text.count("stablehlo.custom_call @mosaic_gpu_v2") == 14
+  assert "__gpu$xla.gpu.triton" not in text
