@@ -42,16 +42,27 @@ __all__ = ["w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul", "defau
 
 
 def _e2m1(nib: jax.Array) -> jax.Array:
-  """4-bit E2M1 pattern (sign, 2 exponent bits, 1 mantissa bit; OCP MX spec) -> f32, exactly.
+  """4-bit E2M1 pattern (sign, 2 exponent bits e, 1 mantissa bit m; OCP MX spec) -> f32, exactly.
 
-  Arithmetic rather than a float4 bitcast, which neither Triton nor Mosaic lowers:
-  |v| = m/2 when e = 0 (subnormal), (1 + m/2)·2^(e−1) otherwise -> {0, .5, 1, 1.5, 2, 3, 4, 6}.
+  |v| = m/2 when e = 0 (subnormal), (1 + m/2)·2^(e−1) otherwise -> {0, .5, 1, 1.5, 2, 3, 4, 6}. Built as
+  f32 bits with integer ops (neither Triton nor Mosaic lowers a float4 bitcast): for e > 0 the f32
+  exponent is e + 126 and m the top mantissa bit, i.e. ((nib & 7) << 22) + (126 << 23); e = 0 gives
+  0 or 0.5 (126 << 23); the sign is bit 3 moved to bit 31. No int -> float convert: on sm_90 those run
+  at 16 per clock per SM, a quarter of the integer ops, and one per element capped the kernels
+  (kernels/README.md, "Instruction mix").
   """
-  e = (nib >> 1) & 3
-  m = (nib & 1).astype(jnp.float32)
-  p = jnp.where(e == 3, 4.0, jnp.where(e == 2, 2.0, 1.0))
-  mag = jnp.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * p)
-  return jnp.where((nib & 8) != 0, -mag, mag)
+  mag = jnp.where((nib & 6) == 0, (nib & 1) * (126 << 23), ((nib & 7) << 22) + (126 << 23))
+  return lax.bitcast_convert_type(mag | ((nib & 8) << 28), jnp.float32)
+
+
+def _int4_bf16(nib: jax.Array) -> jax.Array:
+  """Stored INT4 nibble (q + 8, int32) -> q as bfloat16, exactly, without an int -> float convert.
+
+  bf16 0x4300 is 128.0 with an ulp of 1, so the bits 0x4300 | nib are 128 + nib and minus 136 leave
+  nib − 8 (Marlin's "magic number" decode, here in bf16).
+  """
+  bits = (nib | 0x4300).astype(jnp.uint16)
+  return lax.bitcast_convert_type(bits, jnp.bfloat16) - jnp.asarray(136, jnp.bfloat16)
 
 
 def _e8m0(u: jax.Array) -> jax.Array:
@@ -87,6 +98,38 @@ def _expand_rows(s: jax.Array, rows: int) -> jax.Array:
   return jnp.broadcast_to(s[:, None, :], (sr, rows // sr, c)).reshape(rows, c)
 
 
+def _bf16_int4(spec: quant.Spec, x_dtype, scale_dtype) -> bool:
+  """INT4 with bf16 activations and bf16 scales, the W4A16 case: on GPU the kernel runs `_int4_tile_t`."""
+  return (isinstance(spec, quant.Int4) and jnp.dtype(x_dtype) == jnp.bfloat16
+          and jnp.dtype(scale_dtype) == jnp.bfloat16)
+
+
+def _int4_tile_t(x_tiles, c, s, z=None, *, precision):
+  """(Σ_planes x_p @ ŵ_p)ᵀ for one K chunk of INT4 with bf16 x and bf16 scales: -> [bn, bm] f32.
+
+  The GPU (Triton) form of W4A16 (`_bf16_int4`), chosen from the compiled instruction mix (kernels/README.md,
+  "Instruction mix"), not timed:
+  * q − z and (q − z)·s in bf16, q from the nibble by bit operations (`_int4_bf16`). Same values as the f32
+    form: q − z is a small integer, exact in bf16, and a bf16 multiply rounds the exact product once, as
+    rounding the exact f32 product to bf16 does. It drops the int -> float convert per weight (a quarter-rate
+    instruction on sm_90) and the f32 multiply and f32 -> bf16 convert.
+  * Transposed, yᵀ = ŵᵀ xᵀ: the decoded weights are the dot's left operand, which Triton keeps in registers
+    (Hopper's wgmma reads A from registers), so they skip the shared-memory round trip the right operand
+    takes; x, small at decode, becomes the right operand.
+  """
+  sb = _expand_rows(s, c.shape[0])
+  zb = None if z is None else _expand_rows(z.astype(jnp.float32).astype(jnp.bfloat16), c.shape[0])
+  ci = c.astype(jnp.int32)
+  acc = None
+  for p, xt in enumerate(x_tiles):
+    q = _int4_bf16((ci & 0xF) if p == 0 else ((ci >> 4) & 0xF))
+    if zb is not None:
+      q = q - zb
+    d = jnp.dot((q * sb).T, xt.T, preferred_element_type=jnp.float32, precision=precision)
+    acc = d if acc is None else acc + d
+  return acc
+
+
 def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision):
   """Σ_planes x_p @ round_{x.dtype}(ŵ_p) in f32 for one K chunk. x_p [bm, r], c [r, bn] -> [bm, bn].
 
@@ -120,6 +163,7 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
   gs = refs[n_x + 2 + int(has_zp)][...] if has_gs else None
   o_ref = refs[-1]
   tile = functools.partial(_tile_product, spec=spec, x_dtype=x_dtype, precision=precision)
+  int4_t = p.schedule == "k_loop" and _bf16_int4(spec, x_dtype, s_ref.dtype)
 
   if p.schedule == "k_grid":
     # K is the last grid axis, visited in order: the output block stays resident and accumulates.
@@ -147,9 +191,14 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
     srow = pl.ds(pl.multiple_of(t * srows, srows), srows)
     s = s_ref[...] if p.channel else s_ref[srow, :]
     z = None if z_ref is None else z_ref[srow, :]
+    if int4_t:
+      return acc + _int4_tile_t(xt, c, s, z, precision=precision)
     return acc + tile(xt, c, s, gs, z)
 
-  acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape, jnp.float32))
+  if int4_t:  # accumulates yᵀ [bn, bm]
+    acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape[::-1], jnp.float32)).T
+  else:
+    acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape, jnp.float32))
   if m_rows is None:
     o_ref[...] = acc
   else:
