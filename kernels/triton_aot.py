@@ -11,6 +11,12 @@ registers per thread, local memory (spills), shared memory per program, the MMA
 instruction, the widths of the global loads. From those and the SM's published limits it
 derives occupancy (programs resident per SM) and the number of waves of the grid.
 
+It also reads the machine code itself (`cuobjdump -sass`): the instructions of the kernel's main loop,
+one K chunk per iteration, sorted by the SM pipe that executes them (`instruction_mix`). Against the
+per-SM issue rates of the CUDA C++ Programming Guide's throughput table that gives a lower bound on the
+time the loop needs per chunk, next to the time HBM needs for the chunk's bytes (`IssueModel`): a
+static roofline, for a team without the GPU to run the kernels on.
+
 What it shows is what XLA's own Triton pipeline would do up to version differences: XLA
 compiles the same TTIR with the Triton bundled in jaxlib, not this package, so
 layouts and register counts can differ in detail. It checks that the kernels compile
@@ -43,7 +49,7 @@ from lrl_jax.kernels.blocks import BlockConfig, plan
 from lrl_jax.kernels.matmul import pallas_matmul
 
 __all__ = ["SM", "SMS", "TritonIR", "CompileReport", "lowered_triton_irs", "triton_ir", "compile_ir", "compile_kernel",
-           "occupancy", "main"]
+           "occupancy", "instruction_mix", "issue_model", "IssueModel", "PIPE_RATES", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +77,12 @@ class SM:
   smem_reserved: int = 1024
   warps: int = 64
   blocks: int = 32
+  clock_ghz: float = 1.98
+  hbm_tbps: float = 4.8
 
 
 SMS = {
-    90: SM(arch=90, device="H100/H200 SXM", sms=132),
+    90: SM(arch=90, device="H100/H200 SXM", sms=132),  # clock and HBM: H200 SXM (boost 1.98 GHz, 4.8 TB/s)
     89: SM(arch=89, device="L40S", sms=142, smem=100 * 1024, smem_block=99 * 1024, warps=48, blocks=24),
     80: SM(arch=80, device="A100", sms=108, smem=164 * 1024, smem_block=163 * 1024, blocks=32),
 }
@@ -102,6 +110,8 @@ class CompileReport:
     load_widths: {bytes per global->shared / global->register load instruction: count} in the PTX.
     per_sm: programs resident per SM and what limits it ("registers", "shared", "warps", "blocks").
     waves: programs / (per_sm · SMs).
+    mix: the main loop's instructions per thread by pipe (`instruction_mix`); model: `IssueModel` of the
+      whole matmul (None when the loop was not found).
   """
 
   name: str
@@ -121,6 +131,8 @@ class CompileReport:
   per_sm: int
   limit: str
   waves: float
+  mix: dict = dataclasses.field(default_factory=dict)
+  model: object = None
 
   @property
   def fits(self) -> bool:
@@ -231,6 +243,98 @@ def occupancy(sm: SM, *, registers: int, shared: int, warps: int) -> tuple[int, 
   return limits[limit], limit
 
 
+# Issue rates of sm_80 / sm_90 in warp-instructions per clock per SM: the CUDA C++ Programming Guide's
+# "throughput of native arithmetic instructions" (results per clock per SM) divided by 32 lanes. The integer
+# ALU (and / or / xor, shifts, add, compare, multiply-add, byte permute) gives 64, FP32 128, packed
+# half / bf16 256 results (128 instructions' lanes), "all other type conversions" 16. Shared-memory
+# instructions (LDS / STS / LDSM) are taken at one per clock per SM (32 lanes of 4 bytes = the 128 B/clock
+# of shared-memory bandwidth), and issue at one instruction per clock per sub-partition (4 per SM).
+PIPE_RATES = {"int": 2.0, "fp32": 4.0, "fp16": 4.0, "conv": 0.5, "mio": 1.0, "issue": 4.0}
+_PIPES = {
+    "conv": {"I2F", "F2F", "F2I", "F2FP", "I2FP", "FRND", "I2I"},
+    "mio": {"LDS", "STS", "LDSM", "STSM", "SHFL", "ATOMS"},
+    "fp16": {"HADD2", "HMUL2", "HFMA2", "HMNMX2", "HSET2", "HSETP2"},
+    "fp32": {"FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSET", "FSETP", "FCHK"},
+    "int": {"LOP3", "LOP", "PRMT", "SHF", "SHL", "SHR", "IADD3", "IADD", "IMAD", "IMUL", "LEA", "VIADD", "ISETP",
+            "ICMP", "SEL", "IMNMX", "VIMNMX", "SGXT", "IABS", "BMSK", "POPC", "FLO", "BREV", "P2R", "R2P", "PLOP3"},
+}
+_SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)[^;]*?(0x[0-9a-f]+)?\s*;")
+
+
+def _pipe(op: str) -> str:
+  for pipe, ops in _PIPES.items():
+    if op in ops:
+      return pipe
+  return "other"  # memory (LDG / LDGSTS / STG), MMA, uniform datapath, branches, barriers
+
+
+def instruction_mix(sass: str) -> dict:
+  """Instructions per thread in the kernel's main loop (the longest backward branch), by opcode and by pipe.
+
+  Returns {"ops": Counter(opcode -> count), "pipes": {pipe: count}, "total": count}; empty when the SASS
+  has no loop. Counts are static: one pass through the loop body, which Triton's software pipelining makes
+  one K chunk (`fori_loop` over chunks is not unrolled).
+  """
+  ins = []
+  for line in sass.splitlines():
+    m = _SASS_LINE.match(line)
+    if m:
+      ins.append((int(m.group(1), 16), m.group(2), int(m.group(3), 16) if m.group(3) else None))
+  back = [(target, addr) for addr, op, target in ins if op == "BRA" and target is not None and target < addr]
+  if not back:
+    return {}
+  lo, hi = max(back, key=lambda t: t[1] - t[0])
+  ops = collections.Counter(op for addr, op, _ in ins if lo <= addr <= hi)
+  pipes = collections.Counter()
+  for op, c in ops.items():
+    pipes[_pipe(op)] += c
+  return {"ops": ops, "pipes": dict(pipes), "total": sum(ops.values())}
+
+
+@dataclasses.dataclass(frozen=True)
+class IssueModel:
+  """A static roofline of one matmul: the main loop's issue-bound time beside HBM's time for its bytes.
+
+  Every SM runs programs · chunks / SMs loop iterations (a whole number of waves is not assumed); an
+  iteration of `num_warps` warps needs at least max over pipes of (warp-instructions on the pipe / the
+  pipe's rate) clocks (`PIPE_RATES`), and all iterations on an SM share its pipes. A lower bound on time:
+  it ignores latency, dependencies, the prologue / epilogue and the split-K reduction, and that XLA
+  compiles the TTIR with its own Triton. The HBM time is bytes / the device's bandwidth.
+
+  Attributes:
+    per_weight: instructions per thread per weight element, by pipe (the decode's cost).
+    clocks_per_chunk: {pipe: clocks one loop iteration needs on that pipe}; bound: the largest pipe.
+    t_issue_us, t_hbm_us: the two times (microseconds); hbm_fraction: t_hbm / max(t_hbm, t_issue).
+  """
+
+  per_weight: dict
+  clocks_per_chunk: dict
+  bound: str
+  t_issue_us: float
+  t_hbm_us: float
+
+  @property
+  def hbm_fraction(self) -> float:
+    return self.t_hbm_us / max(self.t_hbm_us, self.t_issue_us)
+
+
+def issue_model(mix: dict, *, plan_, k: int, n: int, m: int, programs: int, num_warps: int, nbytes: int,
+                sm: SM) -> IssueModel | None:
+  """`IssueModel` of a kernel from its loop `instruction_mix` and its tile plan (None without a loop)."""
+  if not mix:
+    return None
+  pipes = dict(mix["pipes"], issue=mix["total"])
+  clocks = {p: pipes.get(p, 0) * num_warps / r for p, r in PIPE_RATES.items()}
+  bound = max(clocks, key=clocks.get)
+  chunks = k // plan_.split_k // plan_.bk  # loop iterations per program
+  per_sm = programs * chunks / sm.sms
+  t_issue = per_sm * clocks[bound] / (sm.clock_ghz * 1e3)
+  weights_per_thread = plan_.bk * plan_.bn / (num_warps * 32)  # logical weight elements per iteration
+  per_weight = {p: pipes.get(p, 0) / weights_per_thread for p in ("int", "fp16", "fp32", "conv", "mio", "issue")}
+  return IssueModel(per_weight=per_weight, clocks_per_chunk=clocks, bound=bound, t_issue_us=t_issue,
+                    t_hbm_us=nbytes / (sm.hbm_tbps * 1e6))
+
+
 def compile_ir(ir: TritonIR, *, arch: int = 90) -> tuple[dict, str]:
   """Compiles one TTIR for sm_`arch` with `triton`; returns (resources, ptx).
 
@@ -251,13 +355,14 @@ def compile_ir(ir: TritonIR, *, arch: int = 90) -> tuple[dict, str]:
       f.write(kern.asm["cubin"])
     usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
                            text=True, check=True).stdout
+    sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
   fields = dict(re.findall(r"\b(REG|LOCAL|STACK|SHARED):(\d+)", usage))
   # Spilled registers land in LOCAL or, with ptxas's ABI frame, in STACK (e.g. NVFP4 at bk = 512: REG 32,
   # STACK 6456 B per thread); either is per-thread memory traffic the kernel was not meant to have.
   res = {"registers": int(fields.get("REG", 0)),
          "local_bytes": int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0)),
          "shared_bytes": int(kern.metadata.shared), "num_warps": int(kern.metadata.num_warps),
-         "num_stages": int(kern.metadata.num_stages)}
+         "num_stages": int(kern.metadata.num_stages), "mix": instruction_mix(sass)}
   return res, kern.asm["ptx"]
 
 
@@ -274,9 +379,13 @@ def compile_kernel(spec: quant.Spec, k: int, n: int, m: int, *, block: BlockConf
   sm = SMS[arch]
   per_sm, limit = occupancy(sm, registers=res["registers"], shared=res["shared_bytes"], warps=res["num_warps"])
   waves = programs / (per_sm * sm.sms) if per_sm else math.inf
+  nbytes = sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(q))  # codes, scales, zp
+  nbytes += m * k * jnp.dtype(x_dtype).itemsize  # + the activations
+  model = issue_model(res["mix"], plan_=p, k=k, n=n, m=m, programs=programs, num_warps=res["num_warps"],
+                      nbytes=nbytes, sm=sm)
   return CompileReport(name=ir.name, arch=arch, m=m, k=k, n=n, plan=p, programs=programs,
                        mma=_mma(ptx), load_widths=_load_widths(ptx), per_sm=per_sm, limit=limit,
-                       waves=waves, **res)
+                       waves=waves, model=model, **res)
 
 
 FORMATS = {
@@ -300,6 +409,22 @@ def format_table(reports: list[tuple[str, CompileReport]]) -> str:
     lines.append(f"| {r.k}x{r.n} | {r.m} | {fmt} | {p.bm}×{p.bn}×{p.bk} | {p.split_k} | {r.num_warps} | {r.programs} | "
                  f"{r.registers} | {r.local_bytes} | {r.shared_bytes / 1024:.1f} | {r.per_sm} ({r.limit}) | "
                  f"{r.waves:.2f} | {loads} | {mma} |")
+  return "\n".join(lines)
+
+
+def format_model_table(reports: list[tuple[str, CompileReport]]) -> str:
+  """The static roofline (`IssueModel`) of each report: per-weight instructions, the binding pipe, two times."""
+  head = ("| K x N | M | format | int / w | shared-mem / w | convert / w | fp16 / w | all / w | bound by "
+          "| issue-bound us | HBM us | HBM share |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for fmt, r in reports:
+    md = r.model
+    if md is None:
+      continue
+    w = md.per_weight
+    lines.append(f"| {r.k}x{r.n} | {r.m} | {fmt} | {w['int']:.2f} | {w['mio']:.2f} | {w['conv']:.2f} | {w['fp16']:.2f} "
+                 f"| {w['issue']:.2f} | {md.bound} | {md.t_issue_us:.1f} | {md.t_hbm_us:.1f} | "
+                 f"{100 * md.hbm_fraction:.0f} % |")
   return "\n".join(lines)
 
 
@@ -337,6 +462,10 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a row per failure, the table goes on
           failed.append(f"{f} {k}x{n} M={m}: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}")
   print(format_table(reports))
+  print(f"\n# Static roofline of the main loop (IssueModel; {sm.clock_ghz} GHz, {sm.hbm_tbps} TB/s, per-SM pipe "
+        f"rates {PIPE_RATES} warp-instructions / clock): instructions per thread per weight, and the loop's issue-bound "
+        "time beside HBM's time for the bytes. A lower bound from static counts, not a measurement.")
+  print(format_model_table(reports))
   for line in failed:
     print("FAILED", line)
   return 1 if failed or not all(r.fits for _, r in reports) else 0

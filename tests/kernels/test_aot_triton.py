@@ -115,3 +115,18 @@ def test_sampler_generate_kernels_compile_for_sm90(model, fmt, monkeypatch):
     res, _ = aot.compile_ir(ir, arch=90)
     assert res["local_bytes"] == 0, f"{ir.name} ({ir.num_warps} warps) spills {res['local_bytes']} B"
     assert res["shared_bytes"] <= 0.9 * H200.smem_block and res["registers"] <= H200.max_regs_thread
+
+
+def test_w4a16_loop_has_no_converts_and_no_shared_memory_round_trip():
+  """The W4A16 main loop as compiled for sm_90: the nibbles become bf16 by bit operations (no I2F, a quarter-rate
+  instruction), the decoded weights stay in registers as wgmma's A operand (few shared-memory instructions), and
+  the static roofline puts the loop within ~2.2x of HBM's time at M = 1 (kernels/README.md, "Instruction mix")."""
+  r = aot.compile_kernel(aot.FORMATS["int4_g128"], 8192, 8192, 1, arch=90)
+  ops = r.mix["ops"]
+  assert ops.get("I2F", 0) == 0 and ops.get("F2F", 0) == 0
+  assert "wgmma" in r.mma
+  md = r.model
+  assert md.per_weight["conv"] == 0 and md.per_weight["mio"] < 0.6
+  assert md.hbm_fraction >= 0.4, f"{md}"
+  # Before (an f32 decode with an int -> float convert per weight, ŵ as the dot's right operand): 128 I2F and
+  # 227 shared-memory instructions per thread per chunk, ~1 convert and 1.8 shared-memory instructions per weight.
