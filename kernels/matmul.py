@@ -281,6 +281,27 @@ def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
     raise ValueError(f"{name}: activations must be float32/bfloat16/float16, got {x.dtype}")
 
 
+def kernel_operands(xp: jax.Array, q: quant.QArray, p: Plan, *, zp_dtype=None):
+  """The kernels' inputs: (x planes, [*planes, codes, scales, (zero points), (dec)], has_zp, has_gs).
+
+  Packed formats split x into its even / odd K columns (one plane per nibble); MXFP8's e8m0 scales travel
+  as their uint8 view (decoded in-kernel); INT4 zero points are cast to zp_dtype when given; NVFP4's
+  per-matrix decode scale becomes a (1, 1) f32 block.
+  """
+  xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
+  scale = q.scale
+  if isinstance(q.spec, quant.MXFP8):
+    scale = lax.bitcast_convert_type(scale, jnp.uint8)  # a view: e8m0 is decoded in-kernel
+  operands = [*xs, q.codes, scale]
+  has_zp = q.zero_point is not None
+  if has_zp:
+    operands.append(q.zero_point if zp_dtype is None else q.zero_point.astype(zp_dtype))
+  has_gs = isinstance(q.spec, quant.NVFP4)
+  if has_gs:
+    operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))
+  return xs, operands, has_zp, has_gs
+
+
 def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target, interpret: bool):
   """x [M, K] @ QArray [K, N] -> [M, N] in x.dtype through one pallas_call."""
   m, k = x.shape
@@ -295,23 +316,10 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   # INT4 codes and scales).
   pad = p.schedule == "k_grid"
   xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if pad and p.m_pad > m else x
-  xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
-  scale = q.scale
-  if isinstance(q.spec, quant.MXFP8):
-    scale = lax.bitcast_convert_type(scale, jnp.uint8)  # a view: e8m0 is decoded in-kernel
-  operands = [*xs, q.codes, scale]
-  has_zp = q.zero_point is not None
-  if has_zp:
-    zp = q.zero_point  # int8 [K/G, N], tiled like the scales
-    if target == "tpu":
-      # Mosaic tiles int8 as (32, 128): a (bk/G, bn) block of 8 or 16 group rows does not compile
-      # (E2002, found by the ahead-of-time TPU compile, kernels/README.md). In the scale's dtype the block
-      # tiles like the scales; the integers -8..15 are exact there. Costs 1/(2G) byte per weight per call.
-      zp = zp.astype(q.scale.dtype)
-    operands.append(zp)
-  has_gs = isinstance(q.spec, quant.NVFP4)
-  if has_gs:
-    operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))
+  # Mosaic TPU tiles int8 as (32, 128): a (bk/G, bn) zero-point block of 8 or 16 group rows does not compile
+  # (E2002, found by the ahead-of-time TPU compile, kernels/README.md). In the scale's dtype the block tiles like
+  # the scales; the integers -8..15 are exact there. Costs 1/(2G) byte per weight per call.
+  xs, operands, has_zp, has_gs = kernel_operands(xp, q, p, zp_dtype=q.scale.dtype if target == "tpu" else None)
 
   per_row = 2 if p.packed else 1
   channel = p.channel

@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 
 from lrl_jax import quant
 from lrl_jax.kernels.blocks import Plan
-from lrl_jax.kernels.matmul import _decode_codes, _decode_scale
+from lrl_jax.kernels.matmul import _decode_codes, _decode_scale, kernel_operands
 
 __all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes"]
 
@@ -155,17 +155,7 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
   m, k = x.shape
   n = q.shape[1]
   xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.m_pad > m else x
-  xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
-  scale = q.scale
-  if isinstance(q.spec, quant.MXFP8):
-    scale = lax.bitcast_convert_type(scale, jnp.uint8)  # a view: e8m0 is decoded in-kernel
-  operands = [*xs, q.codes, scale]
-  has_zp = q.zero_point is not None
-  if has_zp:
-    operands.append(q.zero_point)
-  has_gs = isinstance(q.spec, quant.NVFP4)
-  if has_gs:
-    operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))
+  xs, operands, has_zp, has_gs = kernel_operands(xp, q, p)
   rows = p.bk // 2 if p.packed else p.bk
   assert rows == WGMMA_M, p  # sx doubles as the (64, bn) output staging tile
   chunks = k // p.split_k // p.bk
