@@ -174,15 +174,25 @@ def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision, gpu: b
   zf = None if z is None else _expand_rows(z, c.shape[0])
   acc = None
   for p, xt in enumerate(x_tiles):
-    q = _decode_codes(c, spec, p)
-    if zf is not None:
-      q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
-    w = q * sf
-    if gs is not None:
-      w = w * gs  # (e2m1 · s_b) · dec: the order of dequantize, for identical rounding
+    w = dequant_plane(c, p, sf, zf, gs, spec=spec)
     d = jnp.dot(xt, w.astype(x_dtype), preferred_element_type=jnp.float32, precision=precision)
     acc = d if acc is None else acc + d
   return acc
+
+
+def dequant_plane(c, plane: int, sf, zf, gs, *, spec) -> jax.Array:
+  """ŵ of one nibble plane (or of an 8-bit tile) in f32, in `quant.dequantize`'s order: ((q − z) · s) · dec.
+
+  c: the code tile; sf / zf: the scales / zero points expanded to it, f32 (zf None without zero points);
+  gs: NVFP4's per-matrix decode scale or None.
+  """
+  q = _decode_codes(c, spec, plane)
+  if zf is not None:
+    q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
+  w = q * sf
+  if gs is not None:
+    w = w * gs  # (e2m1 · s_b) · dec: the order of dequantize, for identical rounding
+  return w
 
 
 def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype, precision, chunks: int,

@@ -13,7 +13,7 @@ stages a dequantized `wgmma` operand the same way). One program (one warpgroup, 
      the output tile for its TMA store) (a broadcast per group, in
      the strided register layout), so the code tile and its scales can then be read in the `wgmma`
      register layout whatever the group size (16 for NVFP4, 32..256 for INT4).
-  3. Decode exactly as the Triton / Mosaic TPU kernels (`matmul._decode_codes`, same f32 operations in
+  3. Decode exactly as the Triton / Mosaic TPU kernels (`matmul.dequant_plane`, same f32 operations in
      the same order as `quant.dequantize`), round to x.dtype, store to the swizzled SMEM operand.
   4. `wgmma` x_plane (64, bk/2) @ ŵ_plane (bk/2, bn) into the f32 accumulator, both planes.
 
@@ -41,7 +41,7 @@ from jax.experimental import pallas as pl
 
 from lrl_jax import quant
 from lrl_jax.kernels.blocks import Plan
-from lrl_jax.kernels.matmul import _decode_codes, _decode_scale, kernel_operands
+from lrl_jax.kernels.matmul import _decode_scale, dequant_plane, kernel_operands
 
 __all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes"]
 
@@ -112,14 +112,8 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, has_gs
     zf = scales(chunk[n_x + 2], zx, lambda r: r.astype(jnp.int32).astype(jnp.float32)) if has_zp else None
     codes = wgmma_layout(c)
     gs = gs_g[0, 0] if has_gs else None
-    for plane, xt in enumerate(xs):
-      q = _decode_codes(codes, spec, plane)
-      if zf is not None:
-        q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
-      w = q * sf
-      if gs is not None:
-        w = w * gs  # (e2m1 · s_b) · dec: the order of dequantize
-      w_smem[plane][...] = w.astype(x_dtype)
+    for plane in range(n_x):
+      w_smem[plane][...] = dequant_plane(codes, plane, sf, zf, gs, spec=spec).astype(x_dtype)
     plgpu.commit_smem()  # the generic-proxy stores above, before the async-proxy wgmma reads them
     for plane, xt in enumerate(xs):
       plgpu.wgmma(acc_ref, xt, w_smem[plane])
