@@ -196,17 +196,17 @@ def dequant_plane(c, plane: int, sf, zf, gs, *, spec) -> jax.Array:
 
 
 def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype, precision, chunks: int,
-            m_rows: int | None = None):
+            m_rows: int | None = None, gpu: bool = False):
   """One program's output tile. m_rows (k_loop only): the real row count when the last row tile overhangs it;
-  those rows are then masked on load and store (Pallas Triton does not mask an overhanging block itself)."""
+  those rows are then masked on load and store (Pallas Triton does not mask an overhanging block itself).
+  gpu: the Triton target: W4A16 and NVFP4 take their GPU decode forms (`_int4_tile_t`, `_e2m1_bf16`)."""
   x_refs = refs[:n_x]
   c_ref, s_ref = refs[n_x], refs[n_x + 1]
   z_ref = refs[n_x + 2] if has_zp else None
   gs = refs[n_x + 2 + int(has_zp)][...] if has_gs else None
   o_ref = refs[-1]
-  tile = functools.partial(_tile_product, spec=spec, x_dtype=x_dtype, precision=precision,
-                           gpu=p.schedule == "k_loop")
-  int4_t = p.schedule == "k_loop" and _bf16_int4(spec, x_dtype, s_ref.dtype)
+  tile = functools.partial(_tile_product, spec=spec, x_dtype=x_dtype, precision=precision, gpu=gpu)
+  int4_t = gpu and p.schedule == "k_loop" and _bf16_int4(spec, x_dtype, s_ref.dtype)
 
   if p.schedule == "k_grid":
     # K is the last grid axis, visited in order: the output block stays resident and accumulates.
@@ -368,7 +368,8 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
 
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
   kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, has_zp=has_zp, x_dtype=x.dtype,
-                             precision=precision, chunks=chunks, m_rows=m if not pad and p.m_pad > m else None)
+                             precision=precision, chunks=chunks, m_rows=m if not pad and p.m_pad > m else None,
+                             gpu=target == "gpu")
   out = pl.pallas_call(
       kernel,
       out_shape=out_shape,
