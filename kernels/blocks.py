@@ -46,7 +46,8 @@ Target = Literal["tpu", "gpu", "mosaic_gpu"]
 #        64-row tile leave every format spill-free. Not timed: no GPU was available.
 #   Mosaic GPU: 64 code rows per chunk (bk 128 for 4-bit formats, 64 for 8-bit), bn 128: a (64, 128) tile
 #        dequantized in the `wgmma` register layout. Shared memory with 3 chunks in flight: 3 x 25 KiB of
-#        TMA buffers plus the bf16 operands (2 x 16 KiB), the f32 scale tile and the output tile (32 KiB each).
+#        TMA buffers plus the bf16 operands (2 x 16 KiB) and a 32 KiB f32 tile for the expanded scales, which
+#        then stages the output tile: 141-173 KiB per program (`mosaic_gpu.smem_bytes`).
 DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 128}, "mosaic_gpu": {"bn": 128, "bk": 128}}
 _MGPU_ROWS = 64  # code rows per chunk on Mosaic GPU: the wgmma register layout is 64-row tiles
 _GPU_MAX_PROGRAMS = 264  # 2 waves on an H100/H200 (132 SMs): the split-K heuristic's target
