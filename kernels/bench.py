@@ -112,6 +112,9 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
             rows.append(Row(k, n, m, f, name, t, nbytes, t_ref / t))
           except Unsupported as e:
             rows.append(Row(k, n, m, f, name, None, nbytes, None, f"unsupported: {e}"))
+          except Exception as e:  # noqa: BLE001 - one device run: a kernel that fails to compile or run must
+            # not cost the other rows (the Mosaic GPU kernel has never been compiled past its lowering)
+            rows.append(Row(k, n, m, f, name, None, nbytes, None, f"failed: {type(e).__name__}: {e}"[:300]))
   return rows
 
 
@@ -180,6 +183,9 @@ def main(argv=None) -> int:
                       and o.seconds < r.seconds for o in rows)]
     print("\nPallas slower than the XLA path at: " +
           (", ".join(f"{r.fmt} {r.k}x{r.n} M={r.m} ({r.path})" for r in slower) or "none"))
+    for r in rows:
+      if r.note.startswith("failed"):
+        print(f"FAILED {r.fmt} {r.k}x{r.n} M={r.m} ({r.path}): {r.note}")
   return 0
 
 

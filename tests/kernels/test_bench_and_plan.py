@@ -74,3 +74,25 @@ def test_tpu_8bit_scales_take_blocks_of_32_rows():
   p = plan(16, 1536, 576, quant.MXFP8(), BlockConfig(), "tpu")
   assert p.bk == 1536  # 32-row blocks of 32-element groups need bk = 1024, which does not divide 1536: all of K
   assert plan(16, 1536, 576, quant.Int4(group_size=64), BlockConfig(), "tpu").bk == 512  # 8 bf16 scale rows
+
+
+def test_a_failing_kernel_costs_only_its_own_rows(monkeypatch):
+  """On the one device run, a kernel that does not compile (the Mosaic GPU kernel has only been lowered) gets a
+  "failed" row and a FAILED line; the Triton and XLA rows of the same shape are still timed."""
+  from lrl_jax.kernels import xla_matmul  # pylint: disable=g-import-not-at-top
+
+  def fake_kernel(x, q, *, block, target, interpret):
+    del block, interpret
+    if target == "mosaic_gpu":
+      raise RuntimeError("Mosaic GPU compile failed (simulated)")
+    return xla_matmul(x, q)
+
+  monkeypatch.setattr(bench.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(bench, "_compute_capability", lambda: 9.0)
+  monkeypatch.setattr(bench, "triton_available", lambda: True)
+  monkeypatch.setattr(bench, "pallas_matmul", fake_kernel)
+  rows = bench.run(shapes=((256, 256),), ms=(1,), formats=("int4_g128",), iters=1, warmup=1)
+  by = {r.path: r for r in rows if r.fmt == "int4_g128"}
+  assert set(by) == {"xla", "pallas", "mosaic"}
+  assert by["pallas"].seconds is not None and by["xla"].seconds is not None
+  assert by["mosaic"].seconds is None and by["mosaic"].note.startswith("failed: RuntimeError")
