@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, Unsupported
-from lrl_jax.kernels.dispatch import xla_matmul
+from lrl_jax.kernels.dispatch import _gpu_compute_capability, xla_matmul
 from lrl_jax.kernels.matmul import pallas_matmul
 from lrl_jax.kernels.mosaic_gpu import triton_available
 
@@ -77,7 +77,7 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
   backend = jax.default_backend()
   accel = backend in ("gpu", "tpu", "cuda", "rocm")
   paths = {"pallas": "tpu"} if backend == "tpu" else {"pallas": "gpu"}
-  if accel and backend != "tpu" and _compute_capability() >= 9.0:
+  if accel and backend != "tpu" and (_gpu_compute_capability() or 0.0) >= 9.0:
     paths["mosaic"] = "mosaic_gpu"
   if accel and backend != "tpu" and not triton_available():
     paths = {"mosaic": "mosaic_gpu"}
@@ -116,13 +116,6 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
             # not cost the other rows (the Mosaic GPU kernel has never been compiled past its lowering)
             rows.append(Row(k, n, m, f, name, None, nbytes, None, f"failed: {type(e).__name__}: {e}"[:300]))
   return rows
-
-
-def _compute_capability() -> float:
-  try:
-    return float(getattr(jax.devices()[0], "compute_capability", 0) or 0)
-  except (TypeError, ValueError):
-    return 0.0
 
 
 def format_table(rows: list[Row]) -> str:

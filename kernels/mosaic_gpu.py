@@ -9,10 +9,11 @@ stages a dequantized `wgmma` operand the same way). One program (one warpgroup, 
   1. TMA copies (`plgpu.emit_pipeline`, `max_concurrent_steps` chunks in flight) bring the two
      activation planes x[:, 0::2] / x[:, 1::2] (64, bk/2) (swizzled: the `wgmma` left operand), the
      code tile (bk/2, bn) and the scale rows (bk/G, bn) [and the zero points] into SMEM.
-  2. The scales are expanded to one row per code row in an f32 SMEM tile (reused at the end to stage
-     the output tile for its TMA store) (a broadcast per group, in
-     the strided register layout), so the code tile and its scales can then be read in the `wgmma`
-     register layout whatever the group size (16 for NVFP4, 32..256 for INT4).
+  2. Scales in the `wgmma` register layout of the code tile. A chunk with one scale row (INT4 G = 128,
+     FP8 channel) reads it in that layout's column layout and broadcasts it down the rows in registers.
+     Smaller groups (16 for NVFP4, 32 / 64 for INT4, 32 for MXFP8) are expanded to one row per code row
+     in an f32 SMEM tile (a broadcast per group, in the strided register layout) and read back in the
+     `wgmma` layout; that tile later stages the output tile for its TMA store.
   3. Decode exactly as the Triton / Mosaic TPU kernels (`matmul.dequant_plane`, same f32 operations in
      the same order as `quant.dequantize`), round to x.dtype, store to the swizzled SMEM operand.
   4. `wgmma` x_plane (64, bk/2) @ ŵ_plane (bk/2, bn) into the f32 accumulator, both planes.

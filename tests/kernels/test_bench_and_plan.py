@@ -88,7 +88,7 @@ def test_a_failing_kernel_costs_only_its_own_rows(monkeypatch):
     return xla_matmul(x, q)
 
   monkeypatch.setattr(bench.jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(bench, "_compute_capability", lambda: 9.0)
+  monkeypatch.setattr(bench, "_gpu_compute_capability", lambda: 9.0)
   monkeypatch.setattr(bench, "triton_available", lambda: True)
   monkeypatch.setattr(bench, "pallas_matmul", fake_kernel)
   rows = bench.run(shapes=((256, 256),), ms=(1,), formats=("int4_g128",), iters=1, warmup=1)
