@@ -8,7 +8,9 @@ bytes a matmul must read: weights + scales + activations.
 
 On an accelerator each format is timed as the Pallas kernel and as the XLA
 dequantize-then-dot fallback (`qmatmul` should pick the faster); on an sm_90+ GPU also as
-the Mosaic GPU kernel (path "mosaic", `mosaic_gpu.py`) beside Triton (path "pallas"). On CPU only the XLA
+the Mosaic GPU kernel (path "mosaic", `mosaic_gpu.py`) beside Triton (path "pallas"), and INT4 also in the
+nn.Linear layout [N, K] through `qlinear`'s kernel (path "linear", `linear.py`; the weight is put in that
+layout once, outside the timing). On CPU only the XLA
 path is timed: Pallas runs there in interpret mode, orders of magnitude slower than any
 compiled kernel, so its timings would mean nothing; the accelerator rows are reported
 as not measured.
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, Unsupported
 from lrl_jax.kernels.dispatch import _gpu_compute_capability, xla_matmul
+from lrl_jax.kernels.linear import linear_layout, mosaic_linear
 from lrl_jax.kernels.matmul import pallas_matmul
 from lrl_jax.kernels.mosaic_gpu import triton_available
 
@@ -49,7 +52,7 @@ class Row:
   n: int
   m: int
   fmt: str
-  path: str  # "bf16 dot", "pallas" (Triton on GPU, Mosaic on TPU), "mosaic" (Mosaic GPU) or "xla"
+  path: str  # "bf16 dot", "pallas" (Triton on GPU, Mosaic on TPU), "mosaic" (Mosaic GPU), "linear" or "xla"
   seconds: float | None  # None: not measured (reason in `note`)
   bytes_read: int
   speedup: float | None
@@ -72,8 +75,11 @@ def _time(fn, *args, iters: int, warmup: int) -> float:
 
 
 def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20, warmup: int = 3,
-        block: BlockConfig = BlockConfig(), seed: int = 0) -> list[Row]:
-  """Times every (shape, M, format, path) and its bf16 baseline; returns the rows."""
+        block: BlockConfig = BlockConfig(), seed: int = 0, linear_split_k: int | None = None) -> list[Row]:
+  """Times every (shape, M, format, path) and its bf16 baseline; returns the rows.
+
+  linear_split_k: split-K of the "linear" rows (None: the plan's choice).
+  """
   backend = jax.default_backend()
   accel = backend in ("gpu", "tpu", "cuda", "rocm")
   paths = {"pallas": "tpu"} if backend == "tpu" else {"pallas": "gpu"}
@@ -85,6 +91,9 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
   xla = jax.jit(xla_matmul)
   kerns = {name: jax.jit(lambda x, q, t=t: pallas_matmul(x, q, block=block, target=t, interpret=False))
            for name, t in paths.items()}
+  linear = None
+  if accel and backend != "tpu" and (_gpu_compute_capability() or 0.0) >= 9.0:
+    linear = jax.jit(lambda x, w: mosaic_linear(x, w, split_k=linear_split_k, interpret=False))
   rows = []
   key = jax.random.key(seed)
   for k, n in shapes:
@@ -92,6 +101,8 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
     w = (jax.random.normal(kw, (k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
     qs = {f: jax.block_until_ready(jax.jit(lambda w, s=FORMATS[f]: quant.quantize(w, s, axis=-2))(w))
           for f in formats}
+    lin_qs = {f: jax.block_until_ready(linear_layout(q)) for f, q in qs.items()
+              if linear is not None and isinstance(q.spec, quant.Int4)}
     for m in ms:
       x = jax.random.normal(jax.random.fold_in(kx, m), (m, k), jnp.bfloat16)
       x_bytes = m * k * 2
@@ -106,9 +117,12 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
           rows.append(Row(k, n, m, f, "pallas", None, nbytes, None,
                           f"not measured: no accelerator ({backend})"))
           continue
-        for name, kern in kerns.items():
+        tries = [(name, kern, q) for name, kern in kerns.items()]
+        if f in lin_qs:
+          tries.append(("linear", linear, lin_qs[f]))
+        for name, kern, qq in tries:
           try:
-            t = _time(kern, x, q, iters=iters, warmup=warmup)
+            t = _time(kern, x, qq, iters=iters, warmup=warmup)
             rows.append(Row(k, n, m, f, name, t, nbytes, t_ref / t))
           except Unsupported as e:
             rows.append(Row(k, n, m, f, name, None, nbytes, None, f"unsupported: {e}"))
@@ -152,6 +166,7 @@ def main(argv=None) -> int:
   ap.add_argument("--split-k", type=int, default=BlockConfig().split_k)
   ap.add_argument("--num-warps", type=int, default=BlockConfig().num_warps, help="GPU; default: the plan's")
   ap.add_argument("--num-stages", type=int, default=BlockConfig().num_stages, help="GPU pipelining depth")
+  ap.add_argument("--linear-split-k", type=int, default=None, help="split-K of the 'linear' rows (default: plan's)")
   a = ap.parse_args(argv)
   bad = [f for f in a.formats if f not in FORMATS]
   if bad:
@@ -165,13 +180,14 @@ def main(argv=None) -> int:
   print(f"# backend {jax.default_backend()}, device {dev.device_kind}, {len(jax.devices())} device(s), "
         f"host {platform.machine()} with {__import__('os').cpu_count()} CPUs, jax {jax.__version__}")
   print(f"# median of {iters} calls after {a.warmup} warm-up; block {block}")
-  rows = run(shapes=shapes, ms=ms, formats=a.formats, iters=iters, warmup=a.warmup, block=block)
+  rows = run(shapes=shapes, ms=ms, formats=a.formats, iters=iters, warmup=a.warmup, block=block,
+             linear_split_k=a.linear_split_k)
   print(format_table(rows))
   if jax.default_backend() == "cpu":
     print("\nCPU: timed the XLA dequantize-then-dot path only. Pallas kernels run on CPU in interpret "
           "mode, far too slow to mean anything; the accelerator (Pallas) rows were NOT measured.")
   else:
-    slower = [r for r in rows if r.path in ("pallas", "mosaic") and r.seconds is not None
+    slower = [r for r in rows if r.path in ("pallas", "mosaic", "linear") and r.seconds is not None
               and any(o.path == "xla" and (o.k, o.n, o.m, o.fmt) == (r.k, r.n, r.m, r.fmt)
                       and o.seconds < r.seconds for o in rows)]
     print("\nPallas slower than the XLA path at: " +

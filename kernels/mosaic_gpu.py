@@ -44,7 +44,7 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import Plan
 from lrl_jax.kernels.matmul import _decode_scale, dequant_plane, kernel_operands
 
-__all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes"]
+__all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes", "lowered_smem_bytes"]
 
 WGMMA_M = 64  # rows of one warpgroup MMA: the row tile
 
@@ -177,20 +177,25 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
 
 
 def smem_bytes(x: jax.ShapeDtypeStruct, q, block=None) -> int:
-  """Shared memory one program of the kernel allocates, as Mosaic GPU's lowering counts it (no GPU needed).
+  """Shared memory one program of the kernel allocates, as Mosaic GPU's lowering counts it (no GPU needed)."""
+  from lrl_jax.kernels.blocks import BlockConfig  # pylint: disable=g-import-not-at-top
+  from lrl_jax.kernels.matmul import pallas_matmul  # pylint: disable=g-import-not-at-top
+  block = block or BlockConfig()
+  return lowered_smem_bytes(lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False),
+                            x, q)
 
-  Lowers for `cuda` under a zero shared-memory limit and reads the size from the lowering's refusal.
+
+def lowered_smem_bytes(fn, *args) -> int:
+  """Shared memory per program of the one Mosaic GPU kernel in `fn(*args)`, lowered for `cuda` (no GPU needed).
+
+  Lowers under a zero shared-memory limit and reads the size from the lowering's refusal.
   """
   import re  # pylint: disable=g-import-not-at-top
   from jax import export  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic.gpu import core as mgpu_core  # pylint: disable=g-import-not-at-top
-  from lrl_jax.kernels.blocks import BlockConfig  # pylint: disable=g-import-not-at-top
-  from lrl_jax.kernels.matmul import pallas_matmul  # pylint: disable=g-import-not-at-top
-  block = block or BlockConfig()
-  f = jax.jit(lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False))
   with mgpu_core.artificial_shared_memory_limit(0):
     try:
-      export.export(f, platforms=["cuda"])(x, q)
+      export.export(jax.jit(fn), platforms=["cuda"])(*args)
     except ValueError as e:
       found = re.search(r"smem_bytes=(\d+)", str(e))
       if found:

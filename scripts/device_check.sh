@@ -5,7 +5,8 @@
 # then run this script there with `.whl` carried. It installs them and the project (editable, no deps),
 # runs `pytest -m device` with LRL_JAX_REQUIRE_DEVICE=1 (no accelerator = failure, not a skip), and the
 # benchmark at the #3 targets: 8192x8192 and 4096x14336, M = 1, 8, 16 (ratios to bf16 in one run). On an
-# sm_90 GPU the benchmark times the Triton kernel ("pallas"), the Mosaic GPU kernel ("mosaic") and XLA side by side.
+# sm_90 GPU the benchmark times the Triton kernel ("pallas"), the Mosaic GPU kernel ("mosaic"), XLA and, for INT4,
+# the nn.Linear-layout kernel ("linear", kernels/linear.py) side by side.
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if [ -d .whl ]; then
@@ -23,11 +24,19 @@ tail -5 "$OUT/device_tests.txt"
 timeout 240 python3 -m lrl_jax.kernels.bench --shapes 8192x8192,4096x14336 --m 1,8,16 --iters 50 \
   > "$OUT/bench.md" 2>&1; echo "bench exit $?" >> "$OUT/bench.md"
 cat "$OUT/bench.md"
-# Tuning rows the AOT compile could not settle (kernels/README.md): deeper pipelining (more bytes in flight
-# per SM at decode) and the first defaults' bigger chunk, each beside its own bf16 and XLA rows.
-for v in "stages4:--num-stages 4" "bk256:--bk 256"; do
+# Is the int4 view of the uint8 codes that the linear kernel takes a free bitcast in XLA:GPU (packed int4), or a copy?
+timeout 30 python3 -c "
+import jax, jax.numpy as jnp
+f = jax.jit(lambda c: jax.lax.bitcast_convert_type(c, jnp.int4).reshape(8192, 8192))
+print(f.lower(jax.ShapeDtypeStruct((8192, 4096), jnp.uint8)).compile().as_text())" > "$OUT/int4_view.txt" 2>&1
+grep -E "fusion|copy|bitcast" "$OUT/int4_view.txt" | head -5
+# Tuning rows the AOT compile could not settle (kernels/README.md), each beside its own bf16 and XLA rows:
+# Triton with deeper pipelining (more bytes in flight per SM at decode), and the linear kernel's split-K (default 4
+# at 8192x8192) at 1 and 8.
+for v in "stages4:--num-stages 4 --formats int4_g128,nvfp4" "lsplit1:--linear-split-k 1 --formats int4_g128" \
+         "lsplit8:--linear-split-k 8 --formats int4_g128"; do
   name=${v%%:*}; flags=${v#*:}
-  timeout 50 python3 -m lrl_jax.kernels.bench --shapes 8192x8192 --m 1,16 --formats int4_g128,nvfp4 --iters 50 $flags \
+  timeout 45 python3 -m lrl_jax.kernels.bench --shapes 8192x8192 --m 1,16 --iters 50 $flags \
     > "$OUT/bench_$name.md" 2>&1; echo "bench $flags exit $?" >> "$OUT/bench_$name.md"
   tail -12 "$OUT/bench_$name.md"
 done

@@ -70,3 +70,35 @@ def test_mosaic_gpu_kernel_matches_float64(fmt, m):
   bound = TOL[jnp.bfloat16] * (np.abs(x64) @ np.abs(w_hat)) + 1e-30
   err = np.abs(y - x64 @ w_hat)
   assert np.all(err <= bound), f"{fmt} M={m}: max err/bound {np.max(err / bound):.3g}"
+
+
+LINEAR_SPECS = {"int4_g128": quant.Int4(group_size=128), "int4_g32": quant.Int4(group_size=32),
+                "int4_g64_minmax": quant.Int4(group_size=64, scheme="minmax")}
+
+
+LINEAR_CASES = [("int4_g128", 1, jnp.bfloat16), ("int4_g128", 16, jnp.bfloat16), ("int4_g128", 100, jnp.bfloat16),
+                ("int4_g128", 1, jnp.float16), ("int4_g32", 1, jnp.bfloat16), ("int4_g32", 100, jnp.bfloat16),
+                ("int4_g64_minmax", 16, jnp.bfloat16), ("int4_g64_minmax", 3, jnp.float16)]
+
+
+@pytest.mark.parametrize("fmt,m,dtype", LINEAR_CASES)
+def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
+  """`qlinear` on the nn.Linear layout [N, K] (kernels/linear.py): ŵᵀ decoded in registers as wgmma's left operand.
+  Also the first check that XLA's int4 view of the uint8 codes puts element 2i in the low nibble on the GPU."""
+  from lrl_jax.kernels import linear as lin  # pylint: disable=g-import-not-at-top
+  dev = jax.devices()[0]
+  if jax.default_backend() == "tpu" or float(getattr(dev, "compute_capability", 0) or 0) < 9.0:
+    pytest.fail(f"the linear-layout kernel needs an sm_90+ GPU; this device is {dev.device_kind}")  # not a skip
+  k, n = 4096, 2048
+  rng = np.random.default_rng(m + 11)
+  w = (rng.standard_normal((k, n)) * np.exp(rng.uniform(-2, 2, (1, n)))).astype(np.float32)
+  t = lin.linear_layout(quant.quantize(jnp.asarray(w), LINEAR_SPECS[fmt], axis=-2))
+  sup = lin.supported_linear(jnp.zeros((m, k), dtype), t)
+  assert sup.pallas and sup.path == "pallas-mosaic-gpu", sup
+  x = jnp.asarray(rng.standard_normal((m, k)), dtype)
+  y = np.asarray(jax.jit(lin.qlinear)(x, t).astype(jnp.float32), np.float64)
+  w_hat = np.asarray(quant.dequantize(t, dtype).astype(jnp.float32), np.float64).T  # [K, N]
+  x64 = np.asarray(x.astype(jnp.float32), np.float64)
+  bound = TOL[jnp.bfloat16] * (np.abs(x64) @ np.abs(w_hat)) + 1e-30
+  err = np.abs(y - x64 @ w_hat)
+  assert np.all(err <= bound), f"{fmt} {dtype.__name__} M={m}: max err/bound {np.max(err / bound):.3g}"

@@ -91,8 +91,19 @@ def test_a_failing_kernel_costs_only_its_own_rows(monkeypatch):
   monkeypatch.setattr(bench, "_gpu_compute_capability", lambda: 9.0)
   monkeypatch.setattr(bench, "triton_available", lambda: True)
   monkeypatch.setattr(bench, "pallas_matmul", fake_kernel)
-  rows = bench.run(shapes=((256, 256),), ms=(1,), formats=("int4_g128",), iters=1, warmup=1)
+  seen = []
+
+  def fake_linear(x, w, *, split_k, interpret):
+    del interpret
+    seen.append((w.shape, w.axis, split_k))  # the weight in the nn.Linear layout
+    from lrl_jax.kernels.linear import xla_linear  # pylint: disable=g-import-not-at-top
+    return xla_linear(x, w)
+
+  monkeypatch.setattr(bench, "mosaic_linear", fake_linear)
+  rows = bench.run(shapes=((256, 512),), ms=(1,), formats=("int4_g128",), iters=1, warmup=1, linear_split_k=2)
   by = {r.path: r for r in rows if r.fmt == "int4_g128"}
-  assert set(by) == {"xla", "pallas", "mosaic"}
+  assert set(by) == {"xla", "pallas", "mosaic", "linear"}
+  assert seen[0] == ((512, 256), -1, 2) and by["linear"].seconds is not None
+  assert by["linear"].bytes_read == by["xla"].bytes_read
   assert by["pallas"].seconds is not None and by["xla"].seconds is not None
   assert by["mosaic"].seconds is None and by["mosaic"].note.startswith("failed: RuntimeError")
