@@ -288,6 +288,7 @@ class SamplerSection(_Section):
   top_p: float = 1.0  # nucleus mass in (0, 1] (1 = off)
   eval_temperature: float = 0.0  # temperature of evaluation runs (0 = greedy)
   dtype: _DTYPE = "bfloat16"  # sampler activation and KV-cache dtype
+  weight_layout: Literal["kn", "linear"] = "kn"  # served QArrays: kn = [K, N] (qmatmul); linear = [N, K] (qlinear)
 
   def _validate(self):
     self._check(self.group_size >= 1, "group_size", "must be >= 1")

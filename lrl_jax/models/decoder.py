@@ -33,7 +33,10 @@ kernels follow Flax `Dense`: [K, N], used as `x @ kernel`):
 `QuantRules.default(spec)` (axis=-2, the contraction axis) selects exactly the `*_proj/kernel`
 leaves. A kernel may be a float array (learner; with `qat_rules` its matmul is fake-quantized
 through `quant.dot_general_for`) or a `quant.QArray` (sampler; matmul through
-`lrl_jax.kernels.qmatmul`). The architecture code is the same for both.
+`lrl_jax.kernels.qmatmul`). A served QArray may also be in the nn.Linear layout [.., N, K] quantized along
+its last axis (`sampler.serve_params(..., layout="linear")`, `kernels.linear_layout`): its matmul goes
+through `kernels.qlinear`, whose Hopper kernel decodes the weights in registers. The architecture code is
+the same for all.
 
 Numerics: activations and matmul inputs in `cfg.dtype`, matmuls accumulate in float32; RMSNorm
 statistics, RoPE angles, attention scores/softmax and the logits are float32.
@@ -143,6 +146,8 @@ def param_logical_axes(params_or_cfg) -> Any:
     p = quant.path_str(kp)
     names = _axes_for_path(p)
     if isinstance(leaf, quant.QArray):
+      if leaf.axis == -1:  # the nn.Linear layout (`kernels.linear_layout`): [.., N, K]
+        names = (*names[:-2], names[-1], names[-2])
       gs = None if leaf.global_scale is None else names[:leaf.global_scale.ndim]
       zp = None if leaf.zero_point is None else names
       return dataclasses.replace(leaf, codes=names, scale=names, global_scale=gs, zero_point=zp)
@@ -305,7 +310,8 @@ def _rope(x_BTHD, positions_BT, theta):
 def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
   """x [.., K] @ w [K, N] -> [.., N] in x.dtype, f32 accumulation.
 
-  w: a QArray (sampler: `kernels.qmatmul`) or a float array (learner). A float w with a spec is
+  w: a QArray (sampler: `kernels.qmatmul`; in the nn.Linear layout [N, K], axis=-1: `kernels.qlinear`)
+    or a float array (learner). A float w with a spec is
   fake-quantized along K with a straight-through gradient through `quant.dot_general_for(spec)`
   (AQT for INT4 / FP8, `fake_quant` for NVFP4 / MXFP8; a barrier there keeps XLA from fusing the
   dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`).
@@ -316,6 +322,8 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
   if isinstance(w, quant.QArray):
     if act_spec is not None:
       x = quant.fake_quant(x, act_spec, axis=-1)
+    if w.axis == -1:  # served as [N, K] (`kernels.linear_layout`)
+      return kernels.qlinear(x, w).astype(x.dtype)
     return kernels.qmatmul(x, w).astype(x.dtype)
   w = w.astype(x.dtype)  # quantize the array the matmul sees (the sampler quantizes the same cast)
   dn = (((x.ndim - 1,), (0,)), ((), ()))
@@ -558,7 +566,8 @@ def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
     return jnp.einsum("...d,vd->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
   w = params["lm_head"]["kernel"]
   if isinstance(w, quant.QArray):
-    return kernels.qmatmul(h, w).astype(jnp.float32)
+    mm = kernels.qlinear if w.axis == -1 else kernels.qmatmul  # [V, D] in the nn.Linear layout, else [D, V]
+    return mm(h, w).astype(jnp.float32)
   return jnp.einsum("...d,dv->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
 
 

@@ -32,10 +32,12 @@ class SyncSpec:
   Attributes:
     rules: `quant.QuantRules` of the served kernels, or None (plain float weights).
     dtype: the served float dtype (the sampler's compute dtype; bfloat16 for the bf16 arm).
+    layout: "kn" or "linear": the orientation of the served QArrays (`sampler.serve_params`).
   """
 
   rules: quant.QuantRules | None
   dtype: Any = jnp.bfloat16
+  layout: str = "kn"
 
 
 def sync_spec(cfg) -> SyncSpec:
@@ -47,7 +49,7 @@ def sync_spec(cfg) -> SyncSpec:
   spec = cfg.quant.sampler_spec
   rules = None if spec is None else cfg.quant.rules(spec)
   dtype = jnp.bfloat16 if cfg.quant.sampler == "bf16" else jnp.dtype(cfg.sampler.dtype)
-  return SyncSpec(rules=rules, dtype=dtype)
+  return SyncSpec(rules=rules, dtype=dtype, layout=cfg.sampler.weight_layout)
 
 
 def merge_lora(params, lora):
@@ -85,7 +87,7 @@ def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | N
   spec = cfg_or_spec if isinstance(cfg_or_spec, SyncSpec) else sync_spec(cfg_or_spec)
   t0 = time.perf_counter()
   params = merge_lora(learner_params, lora)
-  served = serve_params(params, spec.rules, dtype=spec.dtype)
+  served = serve_params(params, spec.rules, dtype=spec.dtype, layout=spec.layout)
   if mesh is not None:
     served = shard_params(served, mesh)
   if timings is not None:

@@ -4,6 +4,10 @@ Served formats: bf16 (no rules), INT4 W4A16 (`Int4`), FP8 E4M3 weights (`FP8`), 
 whatever spec the `QuantRules` give. The kernels are quantized with `quant.quantize_params`, the
 same rules and numerics the learner's QAT forward fake-quantizes with, after the cast to the
 compute dtype (the contract: quantize the array the matmul sees).
+
+Layouts: "kn" keeps the QArrays as quantized, [.., K, N] along K (`kernels.qmatmul`); "linear" stores them
+in the nn.Linear orientation [.., N, K] (`kernels.linear_layout`: the same codes and scales, transposed once
+here), which the decoder runs through `kernels.qlinear` (Hopper: the W4A16 kernel that decodes in registers).
 """
 
 from __future__ import annotations
@@ -27,14 +31,24 @@ def as_rules(rules_or_spec) -> quant.QuantRules | None:
   raise ValueError(f"serve_params expects QuantRules, a quantization spec or None; got {rules_or_spec!r}")
 
 
-@functools.partial(jax.jit, static_argnames=("rules", "dtype"))
-def _serve(params, rules, dtype):
+LAYOUTS = ("kn", "linear")
+
+
+@functools.partial(jax.jit, static_argnames=("rules", "dtype", "layout"))
+def _serve(params, rules, dtype, layout):
   cast = jax.tree_util.tree_map(
       lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-  return cast if rules is None else quant.quantize_params(cast, rules)
+  if rules is None:
+    return cast
+  served = quant.quantize_params(cast, rules)
+  if layout == "linear":
+    from lrl_jax.kernels import linear_layout  # pylint: disable=g-import-not-at-top
+    isq = lambda x: isinstance(x, quant.QArray)  # noqa: E731
+    served = jax.tree_util.tree_map(lambda x: linear_layout(x) if isq(x) else x, served, is_leaf=isq)
+  return served
 
 
-def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16):
+def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16, layout: str = "kn"):
   """Learner params -> served tree (jit'd): float leaves cast to `dtype`, selected kernels -> QArrays.
 
   Args:
@@ -43,6 +57,7 @@ def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16):
       kernel), or None for a plain `dtype` model (the bf16 served format).
     dtype: the sampler's compute dtype (`cfg.dtype`); kernels are quantized from this cast, as the
       learner's QAT forward with the same `cfg.dtype` fake-quantizes them.
+    layout: "kn" (QArrays [.., K, N] as quantized) or "linear" ([.., N, K], see the module docstring).
 
   Returns:
     The served tree; pass it to `generate` / `models.forward` with `cfg.dtype == dtype`.
@@ -50,4 +65,10 @@ def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16):
   if any(isinstance(x, quant.QArray) for x in jax.tree_util.tree_leaves(
       params, is_leaf=lambda x: isinstance(x, quant.QArray))):
     raise ValueError("serve_params expects float learner params; the tree already holds QArrays")
-  return _serve(params, as_rules(rules_or_spec), jnp.dtype(dtype))
+  if layout not in LAYOUTS:
+    raise ValueError(f"serve_params: layout must be one of {LAYOUTS}; got {layout!r}")
+  rules = as_rules(rules_or_spec)
+  if layout == "linear" and rules is not None and rules.axis != -2:
+    raise ValueError(f"serve_params(layout='linear') transposes kernels quantized along K (rules.axis=-2); "
+                     f"got rules.axis={rules.axis}")
+  return _serve(params, rules, jnp.dtype(dtype), layout)

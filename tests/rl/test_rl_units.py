@@ -79,6 +79,22 @@ def test_sync_int4_matches_a_float64_reference_of_the_contract():
     np.testing.assert_array_equal(got, want, err_msg=p)
 
 
+def test_sync_serves_the_configured_weight_layout():
+  """sampler.weight_layout=linear: the same codes and scales as the kn sync, stored [.., N, K] (kernels.qlinear)."""
+  _, params = _params()
+  kn = _flat(sync(params, load_config(QS, ["sampler.dtype=float32"])))
+  cfg = load_config(QS, ["sampler.dtype=float32", "sampler.weight_layout=linear"])
+  assert sync_spec(cfg).layout == "linear"
+  lin = _flat(sync(params, cfg))
+  for p, a in kn.items():
+    if _is_proj(p):
+      b = lin[p]
+      assert b.axis == -1 and b.shape == (*a.shape[:-2], a.shape[-1], a.shape[-2]), p
+      np.testing.assert_array_equal(np.asarray(quant.dequantize(b)), np.swapaxes(np.asarray(quant.dequantize(a)), -1, -2))
+    else:
+      np.testing.assert_array_equal(np.asarray(lin[p]), np.asarray(a))
+
+
 def test_sync_bf16_arm_is_a_plain_cast():
   _, params = _params()
   cfg = load_config("configs/bf16_baseline.yaml")

@@ -214,6 +214,32 @@ def test_sharded_generation_equals_unsharded(params):
   np.testing.assert_allclose(got.logprobs_BT, want.logprobs_BT, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("spec", [quant.Int4(group_size=32), quant.NVFP4()], ids=lambda s: s.name)
+def test_linear_layout_serving_generates_what_kn_serving_does(params, spec):
+  """serve_params(layout="linear") stores every QArray as [.., N, K] (the same codes, transposed) and the decoder
+  runs it through qlinear: the same rollouts, sharded too (the tensor axis follows the transposed dimension)."""
+  kn = sampler.serve_params(params, spec, dtype=jnp.float32)
+  lin = sampler.serve_params(params, spec, dtype=jnp.float32, layout="linear")
+  a, b = kn["layers"]["mlp"]["down_proj"]["kernel"], lin["layers"]["mlp"]["down_proj"]["kernel"]
+  assert (a.shape, a.axis, b.shape, b.axis) == ((2, 96, 64), -2, (2, 64, 96), -1)
+  np.testing.assert_array_equal(np.swapaxes(np.asarray(a.codes), -1, -2), np.asarray(b.codes))
+  toks, valid = pad(PROMPTS + [[7, 7, 8]], "left")
+  s = SamplingConfig(max_new_tokens=6, temperature=0.9, top_k=20)
+  want = sampler.generate(kn, toks, valid, CFG, s, jax.random.key(3), cache_dtype=F32)
+  got = sampler.generate(lin, toks, valid, CFG, s, jax.random.key(3), cache_dtype=F32)
+  np.testing.assert_array_equal(got.tokens_BT, want.tokens_BT)
+  np.testing.assert_allclose(got.logprobs_BT, want.logprobs_BT, rtol=0, atol=1e-5)
+  mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  sharded = sampler.shard_params(lin, mesh)
+  assert sharded["layers"]["attn"]["q_proj"]["kernel"].codes.sharding.spec == jax.sharding.PartitionSpec(
+      None, "tensor", None)  # [L, H·Dh, D/2]: heads on the tensor axis, as [L, D/2, H·Dh] had them last
+  got = sampler.generate(sharded, sampler.shard_batch(jnp.asarray(toks), mesh),
+                         sampler.shard_batch(jnp.asarray(valid), mesh), CFG, s, jax.random.key(3), cache_dtype=F32)
+  np.testing.assert_array_equal(got.tokens_BT, want.tokens_BT)
+  with pytest.raises(ValueError, match="layout must be one of"):
+    sampler.serve_params(params, spec, layout="nk")
+
+
 def test_bad_input_is_named():
   with pytest.raises(ValueError, match="top_p"):
     SamplingConfig(top_p=0.0)

@@ -1,0 +1,231 @@
+"""`qlinear` and the linear-layout (nn.Linear [N, K]) Mosaic GPU kernel.
+
+Numerics run in Mosaic GPU's interpret mode against the float64 reference of test_matmul (ŵ decoded from the
+stored bytes with NumPy). The interpreter takes the kernel's operands through SMEM, so the register path (the
+int4 -> bf16 conversion in the wgmma layout, ŵᵀ as wgmma's register operand) is checked by lowering for cuda
+and reading the lowered kernel.
+"""
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import export
+
+from lrl_jax import quant
+from lrl_jax.kernels import Unsupported, dispatch
+from lrl_jax.kernels import linear as lin
+from lrl_jax.kernels import mosaic_gpu as mg
+from tests.kernels.test_matmul import SPECS, _check_close, _np_dequant, _round, _weights
+
+N = 128  # two 64-row weight tiles
+
+
+def _pair(spec, k, seed=0, n=N):
+  q = quant.quantize(jnp.asarray(_weights(seed=seed, k=k, n=n)), spec, axis=-2)
+  return q, lin.linear_layout(q)
+
+
+@pytest.mark.parametrize("fmt", list(SPECS))
+def test_linear_layout_is_the_transpose_of_the_contract(fmt):
+  """linear_layout(quantize(w, axis=-2)) == quantize(wᵀ, axis=-1) field for field; it dequantizes to ŵᵀ exactly."""
+  w = jnp.asarray(_weights(seed=3, k=256, n=256))
+  q = quant.quantize(w, SPECS[fmt], axis=-2)
+  t = lin.linear_layout(q)
+  direct = quant.quantize(w.T, SPECS[fmt], axis=-1)
+  assert t.shape == (256, 256) and t.axis == -1
+  for a, b in zip(jax.tree.leaves(t), jax.tree.leaves(direct)):
+    np.testing.assert_array_equal(np.atleast_1d(np.asarray(a)).view(np.uint8), np.atleast_1d(np.asarray(b)).view(np.uint8))
+  np.testing.assert_array_equal(np.asarray(quant.dequantize(t)), np.asarray(quant.dequantize(q)).T)
+
+
+def test_linear_layout_of_a_stack_and_rejects_other_layouts():
+  w = jnp.asarray(np.random.default_rng(0).standard_normal((3, 64, 128)), jnp.float32)
+  q = quant.quantize(w, quant.NVFP4(), axis=-2)  # a per-matrix global scale [3] rides along
+  t = lin.linear_layout(q)
+  assert t.shape == (3, 128, 64) and t.global_scale.shape == (3,)
+  np.testing.assert_array_equal(np.asarray(quant.dequantize(t)), np.swapaxes(np.asarray(quant.dequantize(q)), -1, -2))
+  with pytest.raises(ValueError, match=r"\[\.\., K, N\] weight quantized along K"):
+    lin.linear_layout(quant.quantize(w, quant.Int4(group_size=32), axis=-1))
+  with pytest.raises(TypeError, match="expected a QArray"):
+    lin.linear_layout(jnp.ones((4, 4)))
+
+
+# (spec, K, M, activation dtype): every group size, zero points, f32 scales, odd M, split-K, M > 64.
+CASES = [
+    (quant.Int4(group_size=32), 256, 1, jnp.bfloat16),
+    (quant.Int4(group_size=32), 1024, 5, jnp.bfloat16),  # split-K 4, 2 steps per program
+    (quant.Int4(group_size=64), 512, 17, jnp.bfloat16),
+    (quant.Int4(group_size=128), 1024, 3, jnp.bfloat16),
+    (quant.Int4(group_size=256), 2048, 100, jnp.bfloat16),  # one 104-row tile, a scale column per 2 steps
+    (quant.Int4(group_size=16), 256, 3, jnp.float16),
+    (quant.Int4(group_size=32, scheme="minmax"), 512, 17, jnp.bfloat16),  # zero points: (q − z)·s
+    (quant.Int4(group_size=64, scheme="minmax"), 1024, 1, jnp.float16),
+    (quant.Int4(group_size=32, scale_dtype="float32"), 256, 2, jnp.bfloat16),  # f32 scales: the f32 product
+]
+
+
+@pytest.mark.parametrize("spec,k,m,dtype", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_matches_float64_reference(spec, k, m, dtype):
+  """x @ round_dtype(ŵ)ᵀ up to f32 summation order and the output rounding."""
+  q, t = _pair(spec, k, seed=k + m)
+  x = jnp.asarray(np.random.default_rng(m).standard_normal((m, k)), dtype)
+  y = lin.mosaic_linear(x, t, interpret=True)
+  assert y.shape == (m, N) and y.dtype == dtype
+  _check_close(y, x, _round(_np_dequant(q), dtype), "bf16")
+
+
+def test_split_k_override_gives_the_same_values():
+  q, t = _pair(quant.Int4(group_size=32), 1024, seed=1)
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((4, 1024)), jnp.bfloat16)
+  assert lin.linear_plan(4, 1024, N, t).split_k == 4
+  ys = [np.asarray(lin.mosaic_linear(x, t, split_k=s, stages=st, interpret=True), np.float32)
+        for s, st in ((1, 2), (2, 4), (4, 1))]
+  for y in ys:
+    _check_close(y, x, _round(_np_dequant(q), jnp.bfloat16), "bf16")
+
+
+def test_qlinear_leading_dims_and_gradient():
+  """[B, T, K] activations; dx through the custom_vjp equals autodiff of the XLA path; w gets zeros."""
+  q, t = _pair(quant.Int4(group_size=32), 256, seed=4)
+  x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 3, 256)), jnp.bfloat16)
+  r = jnp.asarray(np.random.default_rng(5).standard_normal((2, 3, N)), jnp.float32)
+  y = lin.qlinear(x, t, impl="mosaic_gpu")
+  assert y.shape == (2, 3, N)
+  _check_close(y.reshape(6, N), x.reshape(6, 256), _round(_np_dequant(q), jnp.bfloat16), "bf16")
+  loss = lambda f: lambda x: jnp.sum(f(x).astype(jnp.float32) * r)  # noqa: E731
+  g_kernel = jax.grad(loss(lambda x: lin.qlinear(x, t, impl="mosaic_gpu")))(x)
+  g_xla = jax.grad(loss(lambda x: lin.xla_linear(x, t)))(x)
+  np.testing.assert_array_equal(np.asarray(g_kernel, np.float32), np.asarray(g_xla, np.float32))
+  gw = jax.grad(lambda t: jnp.sum(lin.qlinear(x, t, impl="mosaic_gpu").astype(jnp.float32)), allow_int=True)(t)
+  assert float(jnp.abs(gw.scale).max()) == 0.0
+
+
+def test_xla_linear_is_x_at_w_hat_transposed():
+  q, t = _pair(SPECS["nvfp4"], 256, seed=6)
+  x = jnp.asarray(np.random.default_rng(6).standard_normal((3, 256)), jnp.float32)
+  y = lin.qlinear(x, t)  # CPU, auto: XLA
+  _check_close(y, x, _np_dequant(q), "f32")
+
+
+def test_dispatch_reasons(monkeypatch):
+  _, t = _pair(quant.Int4(group_size=32), 256)
+  x = jnp.zeros((1, 256), jnp.bfloat16)
+  s = lin.supported_linear(x, t)
+  assert (s.pallas, s.path) == (False, "xla") and "CPU" in s.reason
+  s = lin.supported_linear(x, t, impl="mosaic_gpu")
+  assert (s.pallas, s.path, s.target) == (True, "pallas-interpret", "mosaic_gpu")
+  assert "float32" in lin.supported_linear(x.astype(jnp.float32), t, impl="mosaic_gpu").reason
+  _, nv = _pair(SPECS["nvfp4"], 256)
+  assert "Int4" in lin.supported_linear(x, nv, impl="mosaic_gpu").reason
+  q_kn = quant.quantize(jnp.ones((256, 256)), quant.Int4(group_size=32), axis=-2)
+  assert "axis -2" in lin.supported_linear(x, q_kn, impl="mosaic_gpu").reason
+  with pytest.raises(ValueError, match="do not contract"):
+    lin.supported_linear(jnp.zeros((1, 128), jnp.bfloat16), t)
+  with pytest.raises(ValueError, match="impl must be"):
+    lin.qlinear(x, t, impl="triton")
+  with pytest.raises(ValueError, match=r"qlinear\(impl='mosaic_gpu'\): .*float32"):
+    lin.qlinear(x.astype(jnp.float32), t, impl="mosaic_gpu")
+  monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
+  monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 8.0)
+  assert "sm_90" in lin.supported_linear(x, t).reason
+  monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
+  s = lin.supported_linear(x, t)
+  assert (s.pallas, s.path) == (True, "pallas-mosaic-gpu")
+  monkeypatch.setattr(dispatch, "_backend", lambda: "tpu")
+  assert "TPU" in lin.supported_linear(x, t).reason
+
+
+@pytest.mark.parametrize("n,k,spec,match", [
+    (96, 256, quant.Int4(group_size=32), "N=96 is not a multiple of the 64"),
+    (128, 1088, quant.Int4(group_size=64), "K=1088 is not a multiple of the 128"),
+    (128, 512, quant.Int4(group_size=128), r"row of scales / zero points is \[8\] bytes"),
+    (128, 256, quant.Int4(group_size=32, scheme="minmax"), r"\[16, 8\] bytes"),
+])
+def test_plans_refuse_with_the_reason(n, k, spec, match):
+  t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, spec, axis=-2)),
+                     jax.ShapeDtypeStruct((k, n), jnp.float32))
+  with pytest.raises(Unsupported, match=match):
+    lin.linear_plan(1, k, n, t)
+
+
+def test_split_k_override_is_checked():
+  t = _pair(quant.Int4(group_size=32), 1024)[1]
+  with pytest.raises(Unsupported, match="split_k=3"):
+    lin.linear_plan(1, 1024, N, t, split_k=3)
+  with pytest.raises(Unsupported, match="split_k=8"):  # 128 of K per split: under 2 steps
+    lin.linear_plan(1, 1024, N, t, split_k=8)
+
+
+def _lowered_kernel(x, t):
+  """The Mosaic GPU kernel module of `mosaic_linear(x, t)` lowered for cuda, as text (before serialization)."""
+  from jax.experimental.mosaic.gpu import core  # pylint: disable=g-import-not-at-top
+  seen = []
+  orig = core._run_serde_pass
+
+  def keep(module, *, serialize, ir_version=None):
+    if serialize:
+      seen.append(str(module))
+    return orig(module, serialize=serialize, ir_version=ir_version)
+
+  core._run_serde_pass = keep
+  try:
+    f = jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False))
+    assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(x, t).mlir_module()
+  finally:
+    core._run_serde_pass = orig
+  (text,) = seen
+  return text
+
+
+LOWER = [(1, 4096, 4096, 128), (16, 4096, 14336, 128), (64, 8192, 8192, 128), (1, 8192, 8192, 32)]
+
+
+@pytest.mark.parametrize("m,k,n,g", LOWER)
+def test_lowers_for_cuda_with_registers_feeding_wgmma(m, k, n, g):
+  """At the #3 shapes: the decoded tile never touches SMEM. Per 64 x 128 step and thread (64 codes): 32 calls of
+  Mosaic GPU's int4 -> bf16 conversion (prmt, lop3, sub.bf16x2 per pair), and wgmma calls whose left operand is 4
+  registers, N = the activation tile (8 rows at decode, not 64); shared memory small enough for several programs
+  per SM."""
+  t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, quant.Int4(group_size=g), axis=-2)),
+                     jax.ShapeDtypeStruct((k, n), jnp.float32))
+  x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+  p = lin.linear_plan(m, k, n, t)
+  text = _lowered_kernel(x, t)
+  assert text.count("sub.bf16x2") == 32
+  mma = f"wgmma.mma_async.sync.aligned.m64n{p.mt}k16.f32.bf16.bf16 {{$0"
+  calls = [line for line in text.splitlines() if mma in line]
+  assert len(calls) == 128 // 16  # one per k16 of the step
+  assert all("{$" in c.split("bf16.bf16", 1)[1].split("},", 1)[1] for c in calls)  # A: a register list
+  smem = mg.lowered_smem_bytes(lambda x, t: lin.mosaic_linear(x, t, interpret=False), x, t)
+  assert smem <= (40 if m == 1 else 104) * 1024  # ~5 programs per SM at decode
+
+
+def test_zero_points_and_float16_lower_for_cuda():
+  for spec, dtype in ((quant.Int4(group_size=32, scheme="minmax"), jnp.bfloat16),
+                      (quant.Int4(group_size=128), jnp.float16)):
+    t = jax.eval_shape(lambda w, spec=spec: lin.linear_layout(quant.quantize(w, spec, axis=-2)),
+                       jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+    text = _lowered_kernel(jax.ShapeDtypeStruct((3, 4096), dtype), t)
+    assert text.count("sub.bf16x2") == 32  # the decode to bf16 is the same; f16 takes the f32 product after it
+
+
+def test_sampler_generate_lowers_with_linear_kernels(monkeypatch):
+  """A model served with layout="linear" runs every projection through the linear kernel on an H200 (dispatch
+  faked): the whole sampler (prefill at M = 256, the decode loop at M = 8, scanned layers) lowers for cuda with
+  14 Mosaic GPU kernels (7 projections, prefill and decode) and nothing from Triton."""
+  from lrl_jax.models import init_params  # pylint: disable=g-import-not-at-top
+  from lrl_jax.sampler import SamplingConfig, generate, serve_params  # pylint: disable=g-import-not-at-top
+  from tests.kernels._aot_cases import MODELS  # pylint: disable=g-import-not-at-top
+  cfg = MODELS["llama_1k"]
+  monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
+  monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
+  served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), quant.Int4(group_size=128),
+                                               layout="linear"))
+  fn = lambda params, prompts, valid: generate(params, prompts, valid, cfg, SamplingConfig(max_new_tokens=4),
+                                               jax.random.key(0))
+  text = export.export(jax.jit(fn), platforms=["cuda"])(
+      served, jax.ShapeDtypeStruct((8, 32), jnp.int32), jax.ShapeDtypeStruct((8, 32), jnp.bool_)).mlir_module()
+  assert text.count("stablehlo.custom_call @mosaic_gpu_v2") == 14
+  assert "__gpu$xla.gpu.triton" not in text
