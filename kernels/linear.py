@@ -13,14 +13,16 @@ The Mosaic GPU kernel (W4A16: `Int4`, bf16 / f16 activations), "swap AB": yᵀ =
   * Grid (N/64, M/mt, S): one warpgroup per program owns 64 weight rows (the `wgmma` M), mt activation rows
     (the `wgmma` N: M rounded up to 8, at most 128, so decode pads 1 -> 8 rows, not 64) and K/S of the
     contraction (split-K S).
-  * `plgpu.emit_pipeline` brings per step (TMA, `stages` steps in flight) the code tile [64, bk] as int4 (a
-    bitcast of the uint8 codes; 64 bytes per row, 64-byte swizzle) and the activation tile [mt, bk] (128-byte
-    swizzle). The program's scales (and zero points) [64, K/S/G] are copied to SMEM once, before the loop.
-  * Decode in registers, Mosaic GPU's own int4 path: load in the `WGMMA_UPCAST_4X` layout (one 32-bit register
-    per 8 codes), flip bit 3 of every nibble (one xor per 8 codes: the stored q + 8 becomes q in two's
-    complement), relayout to the `wgmma` register layout (a lane shuffle and a byte permute per register, on
-    the 4-bit data), and `astype(bfloat16)`, whose sequence (`prmt`, `lop3`, `sub.bf16x2`: 3 instructions per
-    pair of codes) is the CUTLASS int4 -> bf16 conversion.
+  * `plgpu.emit_pipeline` brings per step (TMA, `stages` steps in flight) the uint8 code tile [64, bk/2] (64
+    bytes per row, 64-byte swizzle) and the activation tile [mt, bk] (swizzled). The program's scales (and zero
+    points) [64, K/S/G] are copied to SMEM once, before the loop.
+  * Decode in registers, Mosaic GPU's own int4 path: the code bytes are loaded 4 to a 32-bit register, where
+    the `WGMMA_UPCAST_4X` layout keeps 8 int4 codes; bit 3 of every nibble is flipped (one xor per 8 codes: the
+    stored q + 8 becomes q in two's complement) and the register is reinterpreted as int4 (`_codes_as_int4`);
+    then relayout to the `wgmma` register layout (a lane shuffle and a byte permute per register, on the
+    4-bit data) and `astype(bfloat16)`, whose sequence (`prmt`, `lop3`, `sub.bf16x2`: 3 instructions per pair
+    of codes) is the CUTLASS int4 -> bf16 conversion. The codes are never copied: XLA's
+    `bitcast_convert_type(uint8 -> int4)` would be (XLA:CPU expands it into an unpacking fusion).
   * Scales per group of G columns: one column of the SMEM scale tile, read in the row layout of the `wgmma`
     register layout and broadcast along K in registers. ŵ = (q − z)·s in bf16 for bf16 x with bf16 scales
     (exact: q − z is a small integer and one bf16 rounding of the exact product equals rounding the f32
@@ -33,7 +35,8 @@ Status (2026-11-29): no GPU. Numerics run in Mosaic GPU's interpret mode on CPU 
 interpreter's limits (no register operand for `wgmma`, no transposed operand views, no register layouts)
 make the kernel route ŵᵀ and xᵀ through SMEM scratch: it checks the indexing and the arithmetic, not the
 register path. The register path is checked by lowering for `cuda` (`jax.export`, Pallas's full Mosaic GPU
-lowering: layouts, relayouts, TMA, `wgmma` shapes). Not compiled to machine code, not timed.
+lowering: layouts, relayouts, TMA, `wgmma` shapes); `mosaic_model` reads the lowered module. Not compiled to
+machine code, not timed.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
 
 __all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan",
-           "linear_plan", "lowered_kernel", "loop_op_mix"]
+           "linear_plan"]
 
 log = logging.getLogger("lrl_jax.kernels")
 _logged: set[str] = set()
@@ -164,28 +167,43 @@ def _swizzled(cols: int, bits: int) -> tuple:
   return (plgpu.TilingTransform((8, s * 8 // bits)), plgpu.SwizzleTransform(s))
 
 
-def _flip_nibble_sign(q):
-  """q + 8 stored in each nibble -> q in two's complement: xor 0x8 per nibble, one 32-bit xor per 8 codes."""
-  from jax.experimental import mosaic as _  # noqa: F401  pylint: disable=g-import-not-at-top
+def _codes_as_int4(c_smem):
+  """The uint8 code tile [64, bk/2] in SMEM as int4 q [64, bk] (two's complement) in `WGMMA_UPCAST_4X` layout.
+
+  Loads the bytes in the layout that puts in each 32-bit register the 4 bytes `WGMMA_UPCAST_4X` puts its 8 nibbles
+  in (the same tiling with halved columns), then per register: xor 0x88888888 (bit 3 of every nibble: the stored
+  q + 8 becomes q) and a bitcast to 8 int4. One 32-bit xor per 8 codes; no copy of the codes anywhere: XLA's
+  `bitcast_convert_type(uint8 -> int4)` is not a view (XLA:CPU expands it into an unpacking fusion).
+  """
   from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.mosaic.gpu import fragmented_array as fa  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
   from jax._src.lib.mlir.dialects import arith  # pylint: disable=g-import-not-at-top
 
-  layout = plgpu.Layout.WGMMA_UPCAST_4X
+  up4 = mgpu.WGMMA_LAYOUT_UPCAST_4X
+  tiles = [tuple(t) for t in up4.tiling.tiles]
+  byte_tiles = tuple(t[:-1] + (t[-1] // 2,) for t in tiles)  # ((64, 16), (16, 16), (8, 16), (4,))
+  bytes_layout = plgpu.Layout.TILED(fa.Tiling(byte_tiles), warp_dims=up4.warp_dims, lane_dims=up4.lane_dims,
+                                    vector_dim=up4.vector_dim)
+  rows, cols = c_smem.shape
+  raw = plgpu.load(c_smem, (), layout=bytes_layout)
 
-  @plgpu.inline_mgpu(arg_types=(layout,),
-                     return_type=plgpu.ShapeDtypeStruct(q.shape, jnp.int4, layout=layout))
-  def flip(_, a):
+  @plgpu.inline_mgpu(arg_types=(bytes_layout,),
+                     return_type=plgpu.ShapeDtypeStruct((rows, 2 * cols), jnp.int4, layout=plgpu.Layout.WGMMA_UPCAST_4X))
+  def as_int4(_, a):
     i32 = ir.IntegerType.get_signless(32)
+    v8i4 = ir.VectorType.get((8,), ir.IntegerType.get_signless(4))
     mask = arith.constant(i32, ir.IntegerAttr.get(i32, 0x88888888 - (1 << 32)))
-    regs = np.empty_like(a.registers)
+    regs = np.empty(a.registers.shape, dtype=object)
     for idx, r in np.ndenumerate(a.registers):
-      regs[idx] = mgpu_utils.bitcast(arith.xori(mgpu_utils.bitcast(r, i32), mask), r.type)
-    return mgpu.FragmentedArray(_registers=regs, _layout=a.layout, _is_signed=True)
+      regs[idx] = mgpu_utils.bitcast(arith.xori(mgpu_utils.bitcast(r, i32), mask), v8i4)
+    want = up4.registers_shape((rows, 2 * cols))
+    assert regs.shape == tuple(want), (regs.shape, want)
+    return mgpu.FragmentedArray(_registers=regs, _layout=up4, _is_signed=True)
 
-  return flip(q)
+  return as_int4(raw)
 
 
 def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p: LinearPlan, has_zp: bool,
@@ -212,11 +230,12 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
     return plgpu.load(ref, (slice(None), col), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
 
   def decode(c_s):
-    """The [64, bk] code tile as q (bf16, exact), in the wgmma register layout."""
+    """The [64, bk/2] uint8 code tile as q [64, bk] (bf16, exact), in the wgmma register layout."""
     if interpret:  # the interpreter has no register layouts; same values
-      return ((c_s[...].astype(jnp.int32) & 0xF) - 8).astype(jnp.bfloat16)
-    q = plgpu.load(c_s, (), layout=plgpu.Layout.WGMMA_UPCAST_4X)
-    q = plgpu.layout_cast(_flip_nibble_sign(q), plgpu.Layout.WGMMA)
+      c = c_s[...].astype(jnp.int32)
+      q = jnp.stack([(c & 0xF) - 8, (c >> 4) - 8], axis=-1).reshape(c.shape[0], 2 * c.shape[1])  # 2i: low nibble
+      return q.astype(jnp.bfloat16)
+    q = plgpu.layout_cast(_codes_as_int4(c_s), plgpu.Layout.WGMMA)
     return q.astype(jnp.bfloat16)
 
   def body(idx, x_s, c_s, acc_ref):
@@ -246,7 +265,7 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
 
   # Swizzle atoms no wider than one wgmma's K slice: a slice of the transposed view starts on an atom.
   x_spec = plgpu.BlockSpec((p.mt, p.bk), lambda t: (i, sp * steps + t), transforms=_swizzled(width, 16))
-  c_spec = plgpu.BlockSpec((WGMMA_M, p.bk), lambda t: (j, sp * steps + t), transforms=_swizzled(p.bk, 4))
+  c_spec = plgpu.BlockSpec((WGMMA_M, p.bk // 2), lambda t: (j, sp * steps + t), transforms=_swizzled(p.bk // 2, 8))
 
   def run(acc_ref):
     plgpu.emit_pipeline(functools.partial(body, acc_ref=acc_ref), grid=(steps,), in_specs=[x_spec, c_spec],
@@ -272,8 +291,6 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   n = w.shape[0]
   p = linear_plan(m, k, n, w, split_k=split_k, stages=stages)
   xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.m_pad > m else x
-  # uint8 [N, K/2] -> int4 [N, K], element 2i from the low nibble (a view: no copy of the codes).
-  codes = lax.bitcast_convert_type(w.codes, jnp.int4).reshape(n, k)
   has_zp = w.zero_point is not None
   bf16_math = x.dtype == jnp.bfloat16 and w.scale.dtype == jnp.bfloat16
   ns = k // p.split_k // p.group
@@ -300,7 +317,7 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
       scratch_types=scratch,
       **kwargs,
   )
-  operands = [xp, codes, w.scale] + ([w.zero_point] if has_zp else [])
+  operands = [xp, w.codes, w.scale] + ([w.zero_point] if has_zp else [])
   return call(*operands).sum(axis=0)[:, :m].T.astype(x.dtype)
 
 
@@ -404,121 +421,3 @@ def qlinear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> jax.Array:
     log.info("qlinear: XLA path: %s", s.reason)
   return xla_linear(x, w)
 
-
-def lowered_kernel(x: jax.ShapeDtypeStruct, w, **kwargs) -> str:
-  """The Mosaic GPU module of `mosaic_linear(x, w)` lowered for cuda, as MLIR text (no GPU needed)."""
-  from jax import export  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import core  # pylint: disable=g-import-not-at-top
-  seen = []
-  orig = core._run_serde_pass  # pylint: disable=protected-access
-
-  def keep(module, *, serialize, ir_version=None):
-    if serialize:
-      seen.append(str(module))
-    return orig(module, serialize=serialize, ir_version=ir_version)
-
-  core._run_serde_pass = keep  # pylint: disable=protected-access
-  try:
-    f = jax.jit(lambda x, w: mosaic_linear(x, w, interpret=False, **kwargs))
-    export.export(f, platforms=["cuda"])(x, w)
-  finally:
-    core._run_serde_pass = orig  # pylint: disable=protected-access
-  if len(seen) != 1:
-    raise AssertionError(f"expected one Mosaic GPU kernel, lowered {len(seen)}")
-  return seen[0]
-
-
-def loop_op_mix(text: str) -> dict[str, int]:
-  """Per-thread operations of one pipeline step (the `scf.for` body) of a lowered kernel, by kind.
-
-  Counted in the MLIR handed to Mosaic GPU's compiler, before LLVM and ptxas: an estimate of the machine code,
-  not a count of it (CSE, hoisting and ptxas may merge or split operations). Kinds:
-    convert  Mosaic GPU's int4 -> bf16 pair conversions (inline PTX: prmt, lop3, sub.bf16x2 each)
-    permute  byte permutes of the relayout to the wgmma layout (prmt)
-    shuffle  warp shuffles of the relayout (shfl.sync)
-    int32    32-bit integer / logic ops (nibble-sign flips, shifts, swizzled addresses, selects)
-    bf16x2   packed bf16 arithmetic (scale multiply, zero-point subtract)
-    f32      f32 arithmetic and conversions (non-bf16 paths)
-    smem_ld  loads from shared memory (codes, scales)
-    wgmma    wgmma instructions (k16 each)
-  """
-  import re  # pylint: disable=g-import-not-at-top
-  lines = text.splitlines()
-  start = next(i for i, line in enumerate(lines) if "scf.for" in line)
-  depth, body = 0, []
-  for line in lines[start:]:
-    depth += line.count("{") - line.count("}")
-    body.append(line)
-    if depth <= 0 and len(body) > 1:
-      break
-  mix = dict.fromkeys(("convert", "permute", "shuffle", "int32", "bf16x2", "f32", "smem_ld", "wgmma"), 0)
-  for line in body:
-    if "llvm.inline_asm" in line:
-      if "sub.bf16x2" in line:
-        mix["convert"] += 1
-      elif "wgmma.mma_async" in line:
-        mix["wgmma"] += 1
-      elif "prmt.b32" in line:
-        mix["permute"] += 1
-    elif "nvvm.shfl.sync" in line:
-      mix["shuffle"] += 1
-    elif re.search(r"= llvm\.load .*!llvm\.ptr<3>", line):
-      mix["smem_ld"] += 1
-    elif re.search(r"= arith\.(xori|andi|ori|shrui|shli|select)\b.*: i32$", line):
-      mix["int32"] += 1
-    elif re.search(r"= arith\.(mulf|subf|addf)\b.*vector<2xbf16>", line):
-      mix["bf16x2"] += 1
-    elif re.search(r"= arith\.(mulf|subf|addf|truncf|extf)\b.*f32", line):
-      mix["f32"] += 1
-  return mix
-
-
-def predicted(m: int, k: int, n: int, spec: quant.Int4 = quant.Int4(), dtype=jnp.bfloat16, *, split_k=None):
-  """The static roofline of `triton_aot.issue_model` (H200: pipe rates, 132 SMs, 4.8 TB/s) fed with `loop_op_mix`.
-
-  Pipes: int = 2 per conversion (prmt, lop3) + permutes + int32 ops; fp16 = 1 per conversion (sub.bf16x2) +
-  bf16x2 ops; fp32 = f32 ops; mio = shuffles + shared-memory loads; issue = all of them + wgmma. Raw MLIR counts,
-  so an upper bound on the instructions (CSE and hoisting only remove some) and a lower bound on the share of
-  HBM bandwidth, under the model's own assumptions (no latency, perfect overlap). Returns (mix, IssueModel).
-  """
-  from lrl_jax.kernels import triton_aot  # pylint: disable=g-import-not-at-top
-  w = jax.eval_shape(lambda a: linear_layout(quant.quantize(a, spec, axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32))
-  p = linear_plan(m, k, n, w, split_k=split_k)
-  mix = loop_op_mix(lowered_kernel(jax.ShapeDtypeStruct((m, k), dtype), w, split_k=split_k))
-  pipes = {"int": 2 * mix["convert"] + mix["permute"] + mix["int32"], "fp16": mix["convert"] + mix["bf16x2"],
-           "fp32": mix["f32"], "conv": 0, "mio": mix["shuffle"] + mix["smem_ld"]}
-  total = sum(pipes.values()) + mix["wgmma"]
-  # issue_model reads split_k, bk and bn (here the 64 weight rows of a program).
-  plan_ = type("P", (), {"split_k": p.split_k, "bk": p.bk, "bn": WGMMA_M})()
-  w_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(w))
-  model = triton_aot.issue_model({"pipes": pipes, "total": total}, plan_=plan_, k=k, n=n, m=m,
-                                 programs=(n // WGMMA_M) * (p.m_pad // p.mt) * p.split_k, num_warps=4,
-                                 nbytes=w_bytes + m * k * 2, sm=triton_aot.SMS[90])
-  return mix, model
-
-
-def main(argv=None) -> int:
-  """`python -m lrl_jax.kernels.linear`: the lowered kernel's per-step operation mix and its static roofline."""
-  import argparse  # pylint: disable=g-import-not-at-top
-  ap = argparse.ArgumentParser(prog="python -m lrl_jax.kernels.linear", description=main.__doc__)
-  ap.add_argument("--shapes", default="4096x4096,4096x14336,8192x8192")
-  ap.add_argument("--m", default="1,16,64")
-  a = ap.parse_args(argv)
-  print("| K x N | M | split-K | convert | permute | shuffle | int32 | bf16x2 | smem ld | wgmma | int / code "
-        "| all / code | bound | predicted share of HBM |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for shape in a.shapes.split(","):
-    k, n = (int(v) for v in shape.lower().split("x"))
-    for m in (int(v) for v in a.m.split(",")):
-      mix, model = predicted(m, k, n)
-      p = linear_plan(m, k, n, jax.eval_shape(
-          lambda w: linear_layout(quant.quantize(w, quant.Int4(), axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32)))
-      pw = model.per_weight
-      print(f"| {k}x{n} | {m} | {p.split_k} | {mix['convert']} | {mix['permute']} | {mix['shuffle']} | "
-            f"{mix['int32']} | {mix['bf16x2']} | {mix['smem_ld']} | {mix['wgmma']} | {pw['int']:.2f} | "
-            f"{pw['issue']:.2f} | {model.bound} | {model.hbm_fraction:.0%} |")
-  return 0
-
-
-if __name__ == "__main__":
-  raise SystemExit(main())

@@ -24,12 +24,6 @@ tail -5 "$OUT/device_tests.txt"
 timeout 240 python3 -m lrl_jax.kernels.bench --shapes 8192x8192,4096x14336 --m 1,8,16 --iters 50 \
   > "$OUT/bench.md" 2>&1; echo "bench exit $?" >> "$OUT/bench.md"
 cat "$OUT/bench.md"
-# Is the int4 view of the uint8 codes that the linear kernel takes a free bitcast in XLA:GPU (packed int4), or a copy?
-timeout 30 python3 -c "
-import jax, jax.numpy as jnp
-f = jax.jit(lambda c: jax.lax.bitcast_convert_type(c, jnp.int4).reshape(8192, 8192))
-print(f.lower(jax.ShapeDtypeStruct((8192, 4096), jnp.uint8)).compile().as_text())" > "$OUT/int4_view.txt" 2>&1
-grep -E "fusion|copy|bitcast" "$OUT/int4_view.txt" | head -5
 # Tuning rows the AOT compile could not settle (kernels/README.md), each beside its own bf16 and XLA rows:
 # Triton with deeper pipelining (more bytes in flight per SM at decode), and the linear kernel's split-K (default 4
 # at 8192x8192) at 1 and 8.

@@ -84,7 +84,8 @@ LINEAR_CASES = [("int4_g128", 1, jnp.bfloat16), ("int4_g128", 16, jnp.bfloat16),
 @pytest.mark.parametrize("fmt,m,dtype", LINEAR_CASES)
 def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
   """`qlinear` on the nn.Linear layout [N, K] (kernels/linear.py): ŵᵀ decoded in registers as wgmma's left operand.
-  Also the first check that XLA's int4 view of the uint8 codes puts element 2i in the low nibble on the GPU."""
+  Also the first run of the in-register reinterpretation of the code bytes as int4 (element 2i from the low nibble),
+  which interpret mode cannot execute."""
   from lrl_jax.kernels import linear as lin  # pylint: disable=g-import-not-at-top
   dev = jax.devices()[0]
   if jax.default_backend() == "tpu" or float(getattr(dev, "compute_capability", 0) or 0) < 9.0:

@@ -17,6 +17,7 @@ from lrl_jax import quant
 from lrl_jax.kernels import Unsupported, dispatch
 from lrl_jax.kernels import linear as lin
 from lrl_jax.kernels import mosaic_gpu as mg
+from lrl_jax.kernels import mosaic_model
 from tests.kernels.test_matmul import SPECS, _check_close, _np_dequant, _round, _weights
 
 N = 128  # two 64-row weight tiles
@@ -158,27 +159,6 @@ def test_split_k_override_is_checked():
     lin.linear_plan(1, 1024, N, t, split_k=8)
 
 
-def _lowered_kernel(x, t):
-  """The Mosaic GPU kernel module of `mosaic_linear(x, t)` lowered for cuda, as text (before serialization)."""
-  from jax.experimental.mosaic.gpu import core  # pylint: disable=g-import-not-at-top
-  seen = []
-  orig = core._run_serde_pass
-
-  def keep(module, *, serialize, ir_version=None):
-    if serialize:
-      seen.append(str(module))
-    return orig(module, serialize=serialize, ir_version=ir_version)
-
-  core._run_serde_pass = keep
-  try:
-    f = jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False))
-    assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(x, t).mlir_module()
-  finally:
-    core._run_serde_pass = orig
-  (text,) = seen
-  return text
-
-
 LOWER = [(1, 4096, 4096, 128), (16, 4096, 14336, 128), (64, 8192, 8192, 128), (1, 8192, 8192, 32)]
 
 
@@ -192,7 +172,7 @@ def test_lowers_for_cuda_with_registers_feeding_wgmma(m, k, n, g):
                      jax.ShapeDtypeStruct((k, n), jnp.float32))
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   p = lin.linear_plan(m, k, n, t)
-  text = _lowered_kernel(x, t)
+  text = mosaic_model.lowered_kernel(x, t)
   assert text.count("sub.bf16x2") == 32
   mma = f"wgmma.mma_async.sync.aligned.m64n{p.mt}k16.f32.bf16.bf16 {{$0"
   calls = [line for line in text.splitlines() if mma in line]
@@ -202,12 +182,23 @@ def test_lowers_for_cuda_with_registers_feeding_wgmma(m, k, n, g):
   assert smem <= (40 if m == 1 else 104) * 1024  # ~5 programs per SM at decode
 
 
+def test_static_model_of_the_lowered_step():
+  """One 64 x 128 step per thread (64 codes, read as 8 32-bit shared-memory loads plus 2 scale loads): 32 int4 -> bf16
+  pair conversions, the relayout's 16 permutes and 16 shuffles, 32 bf16x2 scale products, 8 wgmma k16; and the roofline
+  of those counts puts 8192 x 8192 at M = 1 between the Triton kernel's 48 % and the HBM limit."""
+  mix, model = mosaic_model.predicted(1, 8192, 8192)
+  assert {k: mix[k] for k in ("convert", "permute", "shuffle", "bf16x2", "smem_ld", "wgmma", "f32")} == dict(
+      convert=32, permute=16, shuffle=16, bf16x2=32, smem_ld=10, wgmma=8, f32=0)
+  assert model.bound == "int" and 0.6 < model.hbm_fraction <= 1.0
+  assert model.per_weight["issue"] < 4.0  # Triton's W4A16 loop: 6.2 machine instructions per weight
+
+
 def test_zero_points_and_float16_lower_for_cuda():
   for spec, dtype in ((quant.Int4(group_size=32, scheme="minmax"), jnp.bfloat16),
                       (quant.Int4(group_size=128), jnp.float16)):
     t = jax.eval_shape(lambda w, spec=spec: lin.linear_layout(quant.quantize(w, spec, axis=-2)),
                        jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
-    text = _lowered_kernel(jax.ShapeDtypeStruct((3, 4096), dtype), t)
+    text = mosaic_model.lowered_kernel(jax.ShapeDtypeStruct((3, 4096), dtype), t)
     assert text.count("sub.bf16x2") == 32  # the decode to bf16 is the same; f16 takes the f32 product after it
 
 

@@ -1,0 +1,139 @@
+"""A static roofline of the linear-layout kernel (`linear.py`) from its lowered Mosaic GPU module, no GPU needed.
+
+    python -m lrl_jax.kernels.mosaic_model [--shapes 8192x8192] [--m 1,16]
+
+Mosaic GPU compiles its kernels to PTX inside the CUDA plugin, on a GPU client, so unlike Triton's
+(`triton_aot`) there is no machine code to read here. What can be read is the module Pallas hands to that
+compiler: `lowered_kernel` lowers `mosaic_linear` for cuda and keeps it as MLIR text, `loop_op_mix` counts one
+pipeline step's operations by kind, and `predicted` feeds them to `triton_aot.issue_model` (the same pipe rates
+and H200 figures as the Triton model). An estimate of the machine code, not a count of it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from lrl_jax import quant
+from lrl_jax.kernels.linear import WGMMA_M, linear_layout, linear_plan, mosaic_linear
+
+__all__ = ["lowered_kernel", "loop_op_mix", "predicted", "main"]
+
+
+def lowered_kernel(x: jax.ShapeDtypeStruct, w, **kwargs) -> str:
+  """The Mosaic GPU module of `mosaic_linear(x, w)` lowered for cuda, as MLIR text (no GPU needed)."""
+  from jax import export  # pylint: disable=g-import-not-at-top
+  from jax.experimental.mosaic.gpu import core  # pylint: disable=g-import-not-at-top
+  seen = []
+  orig = core._run_serde_pass  # pylint: disable=protected-access
+
+  def keep(module, *, serialize, ir_version=None):
+    if serialize:
+      seen.append(str(module))
+    return orig(module, serialize=serialize, ir_version=ir_version)
+
+  core._run_serde_pass = keep  # pylint: disable=protected-access
+  try:
+    f = jax.jit(lambda x, w: mosaic_linear(x, w, interpret=False, **kwargs))
+    export.export(f, platforms=["cuda"])(x, w)
+  finally:
+    core._run_serde_pass = orig  # pylint: disable=protected-access
+  if len(seen) != 1:
+    raise AssertionError(f"expected one Mosaic GPU kernel, lowered {len(seen)}")
+  return seen[0]
+
+
+def loop_op_mix(text: str) -> dict[str, int]:
+  """Per-thread operations of one pipeline step (the `scf.for` body) of a lowered kernel, by kind.
+
+  Counted in the MLIR handed to Mosaic GPU's compiler, before LLVM and ptxas: an estimate of the machine code,
+  not a count of it (CSE, hoisting and ptxas may merge or split operations). Kinds:
+    convert  Mosaic GPU's int4 -> bf16 pair conversions (inline PTX: prmt, lop3, sub.bf16x2 each)
+    permute  byte permutes of the relayout to the wgmma layout (prmt)
+    shuffle  warp shuffles of the relayout (shfl.sync)
+    int32    32-bit integer / logic ops (nibble-sign flips, shifts, swizzled addresses, selects)
+    bf16x2   packed bf16 arithmetic (scale multiply, zero-point subtract)
+    f32      f32 arithmetic and conversions (non-bf16 paths)
+    smem_ld  loads from shared memory (codes, scales)
+    wgmma    wgmma instructions (k16 each)
+  """
+  import re  # pylint: disable=g-import-not-at-top
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if "scf.for" in line)
+  depth, body = 0, []
+  for line in lines[start:]:
+    depth += line.count("{") - line.count("}")
+    body.append(line)
+    if depth <= 0 and len(body) > 1:
+      break
+  mix = dict.fromkeys(("convert", "permute", "shuffle", "int32", "bf16x2", "f32", "smem_ld", "wgmma"), 0)
+  for line in body:
+    if "llvm.inline_asm" in line:
+      if "sub.bf16x2" in line:
+        mix["convert"] += 1
+      elif "wgmma.mma_async" in line:
+        mix["wgmma"] += 1
+      elif "prmt.b32" in line:
+        mix["permute"] += 1
+    elif "nvvm.shfl.sync" in line:
+      mix["shuffle"] += 1
+    elif re.search(r"= llvm\.load .*!llvm\.ptr<3>", line):
+      mix["smem_ld"] += 1
+    elif re.search(r"= arith\.(xori|andi|ori|shrui|shli|select)\b.*: i32$", line):
+      mix["int32"] += 1
+    elif re.search(r"= arith\.(mulf|subf|addf)\b.*vector<2xbf16>", line):
+      mix["bf16x2"] += 1
+    elif re.search(r"= arith\.(mulf|subf|addf|truncf|extf)\b.*f32", line):
+      mix["f32"] += 1
+  return mix
+
+
+def predicted(m: int, k: int, n: int, spec: quant.Int4 = quant.Int4(), dtype=jnp.bfloat16, *, split_k=None):
+  """The static roofline of `triton_aot.issue_model` (H200: pipe rates, 132 SMs, 4.8 TB/s) fed with `loop_op_mix`.
+
+  Pipes: int = 2 per conversion (prmt, lop3) + permutes + int32 ops; fp16 = 1 per conversion (sub.bf16x2) +
+  bf16x2 ops; fp32 = f32 ops; mio = shuffles + shared-memory loads; issue = all of them + wgmma. Raw MLIR counts,
+  so an upper bound on the instructions (CSE and hoisting only remove some) and a lower bound on the share of
+  HBM bandwidth, under the model's own assumptions (no latency, perfect overlap). Returns (mix, IssueModel).
+  """
+  from lrl_jax.kernels import triton_aot  # pylint: disable=g-import-not-at-top
+  w = jax.eval_shape(lambda a: linear_layout(quant.quantize(a, spec, axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32))
+  p = linear_plan(m, k, n, w, split_k=split_k)
+  mix = loop_op_mix(lowered_kernel(jax.ShapeDtypeStruct((m, k), dtype), w, split_k=split_k))
+  pipes = {"int": 2 * mix["convert"] + mix["permute"] + mix["int32"], "fp16": mix["convert"] + mix["bf16x2"],
+           "fp32": mix["f32"], "conv": 0, "mio": mix["shuffle"] + mix["smem_ld"]}
+  total = sum(pipes.values()) + mix["wgmma"]
+  # issue_model reads split_k, bk and bn (here the 64 weight rows of a program).
+  plan_ = type("P", (), {"split_k": p.split_k, "bk": p.bk, "bn": WGMMA_M})()
+  w_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(w))
+  model = triton_aot.issue_model({"pipes": pipes, "total": total}, plan_=plan_, k=k, n=n, m=m,
+                                 programs=(n // WGMMA_M) * (p.m_pad // p.mt) * p.split_k, num_warps=4,
+                                 nbytes=w_bytes + m * k * 2, sm=triton_aot.SMS[90])
+  return mix, model
+
+
+def main(argv=None) -> int:
+  """The lowered linear kernel's per-step operation mix and its static roofline, as a Markdown table."""
+  import argparse  # pylint: disable=g-import-not-at-top
+  ap = argparse.ArgumentParser(prog="python -m lrl_jax.kernels.mosaic_model", description=main.__doc__)
+  ap.add_argument("--shapes", default="4096x4096,4096x14336,8192x8192")
+  ap.add_argument("--m", default="1,16,64")
+  a = ap.parse_args(argv)
+  print("| K x N | M | split-K | convert | permute | shuffle | int32 | bf16x2 | smem ld | wgmma | int / code "
+        "| all / code | bound | predicted share of HBM |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for shape in a.shapes.split(","):
+    k, n = (int(v) for v in shape.lower().split("x"))
+    for m in (int(v) for v in a.m.split(",")):
+      mix, model = predicted(m, k, n)
+      p = linear_plan(m, k, n, jax.eval_shape(
+          lambda w: linear_layout(quant.quantize(w, quant.Int4(), axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32)))
+      pw = model.per_weight
+      print(f"| {k}x{n} | {m} | {p.split_k} | {mix['convert']} | {mix['permute']} | {mix['shuffle']} | "
+            f"{mix['int32']} | {mix['bf16x2']} | {mix['smem_ld']} | {mix['wgmma']} | {pw['int']:.2f} | "
+            f"{pw['issue']:.2f} | {model.bound} | {model.hbm_fraction:.0%} |")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
