@@ -71,6 +71,10 @@ _MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256
 # split_k (scripts/device_check.sh).
 _MAX_PROGRAMS = 528
 _STAGES = 4
+# Above this M, qlinear takes XLA. The kernel reads the weights once per 128-row tile: up to 4 passes of 0.5 byte per
+# weight (2 B/w) stay under XLA's dequantize-then-GEMM traffic (read 0.5 B/w, write 2 B/w, read 2 B/w), and
+# prefill-sized M is compute-bound, where cuBLAS's GEMM on a dequantized copy wins. Reasoning from bytes, not timed.
+MAX_M = 512
 
 
 def linear_layout(q: quant.QArray) -> quant.QArray:
@@ -360,10 +364,14 @@ def supported_linear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> Su
       why = f"the kernel uses Hopper's wgmma and TMA (sm_90+); this GPU is sm_{cc:g}"
   if why is None:
     m = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
-    try:
-      linear_plan(m, w.shape[1], w.shape[0], w)
-    except Unsupported as e:
-      why = str(e)
+    if m > MAX_M and impl == "auto":
+      why = (f"M={m} > {MAX_M}: the kernel reads the weights once per 128 rows; XLA's dequantize-then-GEMM is the "
+             "prefill path (impl='mosaic_gpu' runs the kernel anyway)")
+    else:
+      try:
+        linear_plan(m, w.shape[1], w.shape[0], w)
+      except Unsupported as e:
+        why = str(e)
   if why is not None:
     return Support(False, "xla", why)
   path = "pallas-interpret" if backend == "cpu" else "pallas-mosaic-gpu"

@@ -134,6 +134,9 @@ def test_dispatch_reasons(monkeypatch):
   monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
   s = lin.supported_linear(x, t)
   assert (s.pallas, s.path) == (True, "pallas-mosaic-gpu")
+  big = jnp.zeros((lin.MAX_M + 1, 256), jnp.bfloat16)
+  assert "prefill path" in lin.supported_linear(big, t).reason
+  assert lin.supported_linear(big, t, impl="mosaic_gpu").pallas
   monkeypatch.setattr(dispatch, "_backend", lambda: "tpu")
   assert "TPU" in lin.supported_linear(x, t).reason
 
