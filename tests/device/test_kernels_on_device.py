@@ -52,13 +52,17 @@ def test_compiled_kernel_matches_float64(fmt, dtype, m):
     assert np.all(np.abs(y_auto - x64 @ w_hat) <= bound), f"{fmt}: the XLA path is off"
 
 
+def _require_hopper(what: str) -> None:
+  dev = jax.devices()[0]
+  if jax.default_backend() == "tpu" or float(getattr(dev, "compute_capability", 0) or 0) < 9.0:
+    pytest.fail(f"{what} needs an sm_90+ GPU; this device is {dev.device_kind}")  # not a skip
+
+
 @pytest.mark.parametrize("m", [1, 16, 100])
 @pytest.mark.parametrize("fmt", list(SPECS))
 def test_mosaic_gpu_kernel_matches_float64(fmt, m):
   """The Mosaic GPU (wgmma) kernel compiled and run on an sm_90+ GPU, bf16 activations (kernels/mosaic_gpu.py)."""
-  dev = jax.devices()[0]
-  if jax.default_backend() == "tpu" or float(getattr(dev, "compute_capability", 0) or 0) < 9.0:
-    pytest.fail(f"the Mosaic GPU kernel needs an sm_90+ GPU; this device is {dev.device_kind}")  # not a skip
+  _require_hopper("the Mosaic GPU kernel")
   k, n = 4096, 2048
   rng = np.random.default_rng(m + 7)
   w = (rng.standard_normal((k, n)) * np.exp(rng.uniform(-2, 2, (1, n)))).astype(np.float32)
@@ -87,9 +91,7 @@ def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
   Also the first run of the in-register reinterpretation of the code bytes as int4 (element 2i from the low nibble),
   which interpret mode cannot execute."""
   from lrl_jax.kernels import linear as lin  # pylint: disable=g-import-not-at-top
-  dev = jax.devices()[0]
-  if jax.default_backend() == "tpu" or float(getattr(dev, "compute_capability", 0) or 0) < 9.0:
-    pytest.fail(f"the linear-layout kernel needs an sm_90+ GPU; this device is {dev.device_kind}")  # not a skip
+  _require_hopper("the linear-layout kernel")
   k, n = 4096, 2048
   rng = np.random.default_rng(m + 11)
   w = (rng.standard_normal((k, n)) * np.exp(rng.uniform(-2, 2, (1, n)))).astype(np.float32)
