@@ -291,6 +291,13 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
+  if not isinstance(w, quant.QArray) or w.ndim != 2 or w.axis != -1:
+    raise ValueError(f"mosaic_linear: expected one QArray [N, K] quantized along K (axis=-1); got "
+                     f"{getattr(w, 'shape', type(w).__name__)}, axis {getattr(w, 'axis', None)}")
+  if x.ndim != 2 or x.shape[1] != w.shape[1]:
+    raise ValueError(f"mosaic_linear: activations {tuple(x.shape)} are not [M, K] for the weight {w.shape}")
+  if x.dtype not in (jnp.bfloat16, jnp.float16):
+    raise Unsupported(f"mosaic_linear: activations {x.dtype}; wgmma takes bfloat16 / float16")
   m, k = x.shape
   n = w.shape[0]
   p = linear_plan(m, k, n, w, split_k=split_k, stages=stages)

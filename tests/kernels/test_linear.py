@@ -154,6 +154,17 @@ def test_plans_refuse_with_the_reason(n, k, spec, match):
     lin.linear_plan(1, k, n, t)
 
 
+def test_mosaic_linear_names_bad_input():
+  q, t = _pair(quant.Int4(group_size=32), 256)
+  x = jnp.zeros((2, 256), jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"QArray \[N, K\] quantized along K"):
+    lin.mosaic_linear(x, q)  # the [K, N] layout
+  with pytest.raises(ValueError, match=r"are not \[M, K\]"):
+    lin.mosaic_linear(jnp.zeros((2, 128), jnp.bfloat16), t)
+  with pytest.raises(Unsupported, match="float32"):
+    lin.mosaic_linear(x.astype(jnp.float32), t)
+
+
 def test_split_k_override_is_checked():
   t = _pair(quant.Int4(group_size=32), 1024)[1]
   with pytest.raises(Unsupported, match="split_k=3"):
