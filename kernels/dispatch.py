@@ -7,6 +7,8 @@ Policy (`supported` says which path runs and why):
         instead; `impl="mosaic_gpu"` asks for it by name. It stays second until it is timed on a device.
   CPU   XLA dequantize-then-dot: the fast path there. `impl="pallas"` runs the kernel in
         the Pallas interpreter (tests); it is orders of magnitude slower.
+  Large M (TPU / GPU): a kernel reads the weights once per row tile; with more than `MAX_WEIGHT_PASSES` tiles
+        (M > 256 at the 64-row tile) "auto" takes XLA, whose dequantize-then-GEMM moves fewer bytes there.
 Each distinct fallback reason is logged once (python `logging`, logger "lrl_jax.kernels").
 """
 
@@ -28,6 +30,12 @@ __all__ = ["Support", "supported", "qmatmul", "xla_matmul"]
 
 log = logging.getLogger("lrl_jax.kernels")
 _logged: set[str] = set()
+
+# A kernel reads the weights once per row tile. Past this many passes, "auto" takes XLA: 4 passes of 0.5 byte per
+# INT4 weight (2 B/w) stay under XLA's dequantize-then-GEMM traffic (read the codes, write and read a bf16 copy:
+# ~4.5 B/w), and prefill-sized M is compute-bound, where the vendor GEMM on a dequantized copy wins. Reasoned from
+# bytes, not timed (`kernels/README.md`); impl="pallas" still runs the kernel.
+MAX_WEIGHT_PASSES = 4
 
 Impl = Literal["auto", "pallas", "mosaic_gpu", "xla"]
 
@@ -143,7 +151,10 @@ def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
     for d in x.shape[:-1]:
       m *= d
     try:
-      plan(m, q.shape[0], q.shape[1], q.spec, block, target)
+      p = plan(m, q.shape[0], q.shape[1], q.spec, block, target)
+      if impl == "auto" and backend != "cpu" and p.m_pad // p.bm > MAX_WEIGHT_PASSES:
+        why = (f"M={m}: {p.m_pad // p.bm} passes over the weights (one per {p.bm}-row tile) > {MAX_WEIGHT_PASSES}; "
+               "XLA's dequantize-then-GEMM is the prefill path (impl='pallas' runs the kernel anyway)")
     except Unsupported as e:
       why = str(e)
   if why is not None:

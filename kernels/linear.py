@@ -71,10 +71,9 @@ _MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256
 # split_k (scripts/device_check.sh).
 _MAX_PROGRAMS = 528
 _STAGES = 4
-# Above this M, qlinear takes XLA. The kernel reads the weights once per 128-row tile: up to 4 passes of 0.5 byte per
-# weight (2 B/w) stay under XLA's dequantize-then-GEMM traffic (read 0.5 B/w, write 2 B/w, read 2 B/w), and
-# prefill-sized M is compute-bound, where cuBLAS's GEMM on a dequantized copy wins. Reasoning from bytes, not timed.
-MAX_M = 512
+# Above this M, qlinear takes XLA: the kernel reads the weights once per 128-row tile, and past
+# `dispatch.MAX_WEIGHT_PASSES` passes XLA's dequantize-then-GEMM moves fewer bytes (reasoned, not timed).
+MAX_M = _MT_MAX * dispatch.MAX_WEIGHT_PASSES
 
 
 def linear_layout(q: quant.QArray) -> quant.QArray:

@@ -61,6 +61,19 @@ def test_accelerator_picks_the_kernel(on_backend, backend, path):
   np.testing.assert_allclose(np.asarray(kernels.qmatmul(x32, q), np.float64), _ref(x32, q), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("backend,bm", [("gpu", 64), ("tpu", 64)])
+def test_prefill_sized_m_takes_xla(on_backend, backend, bm):
+  """More than MAX_WEIGHT_PASSES row tiles (one read of the weights each): XLA, unless the kernel is asked for."""
+  on_backend(backend)
+  q = _q()
+  edge = bm * dispatch.MAX_WEIGHT_PASSES
+  assert kernels.supported(jnp.zeros((edge, 256), jnp.bfloat16), q).pallas
+  s = kernels.supported(jnp.zeros((3, edge // 3 + 1, 256), jnp.bfloat16), q)  # leading dims count as M
+  m = 3 * (edge // 3 + 1)
+  assert not s.pallas and f"M={m}: {-(-m // bm)} passes" in s.reason and "prefill" in s.reason
+  assert kernels.supported(jnp.zeros((edge + 1, 256), jnp.bfloat16), q, impl="pallas").pallas
+
+
 def test_unsupported_shape_falls_back_and_logs_why_once(on_backend, caplog):
   on_backend("gpu")
   q = _q(n=200)  # N=200: no power-of-two column tile divides it
