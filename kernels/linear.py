@@ -71,6 +71,7 @@ _MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256
 # split_k (scripts/device_check.sh).
 _MAX_PROGRAMS = 528
 _STAGES = 4
+_TMA_BOX = 256  # elements per dimension of one TMA copy
 # Above this M, qlinear takes XLA: the kernel reads the weights once per 128-row tile, and past
 # `dispatch.MAX_WEIGHT_PASSES` passes XLA's dequantize-then-GEMM moves fewer bytes (reasoned, not timed).
 MAX_M = _MT_MAX * dispatch.MAX_WEIGHT_PASSES
@@ -158,6 +159,11 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
     split_k = 1
     while split_k < 8 and programs * split_k * 2 <= _MAX_PROGRAMS and split_ok(split_k * 2):
       split_k *= 2
+    while k // split_k // g > _TMA_BOX and split_ok(split_k * 2):  # one TMA copy brings a program's scales
+      split_k *= 2
+  if k // split_k // g > _TMA_BOX:
+    raise Unsupported(f"{spec.name}: {k // split_k // g} scale columns per program (K={k}, G={g}, "
+                      f"split_k={split_k}); one TMA copy takes at most {_TMA_BOX}")
   if stages < 1:
     raise Unsupported(f"{spec.name}: stages={stages}; at least 1 step in flight")
   return LinearPlan(mt=mt, m_pad=m_pad, bk=_BK, split_k=split_k, group=g, stages=stages)

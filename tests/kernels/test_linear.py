@@ -165,6 +165,19 @@ def test_mosaic_linear_names_bad_input():
     lin.mosaic_linear(x.astype(jnp.float32), t)
 
 
+def test_scale_columns_fit_one_tma_copy():
+  """A TMA copy takes <= 256 elements per dimension: the plan splits K until a program's scale tile fits, and says
+  so when it cannot."""
+  t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, quant.Int4(group_size=16), axis=-2)),
+                     jax.ShapeDtypeStruct((8192, 28672), jnp.float32))
+  p = lin.linear_plan(1, 8192, 28672, t)  # 448 programs: no split for occupancy, but 512 scale columns
+  assert p.split_k == 2 and 8192 // p.split_k // 16 == 256
+  with pytest.raises(Unsupported, match="512 scale columns per program"):
+    lin.linear_plan(1, 8192, 28672, t, split_k=1)
+  assert "@mosaic_gpu" in export.export(jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False)),
+                                        platforms=["cuda"])(jax.ShapeDtypeStruct((1, 8192), jnp.bfloat16), t).mlir_module()
+
+
 def test_split_k_override_is_checked():
   t = _pair(quant.Int4(group_size=32), 1024)[1]
   with pytest.raises(Unsupported, match="split_k=3"):
