@@ -279,3 +279,29 @@ def test_op_mix_cse_and_hoisting_on_a_synthetic_loop():
   assert mosaic_model.loop_op_mix(text)["int32"] == 4  # select, 2 shifts, xor (remui is not a counted kind)
   opt = mosaic_model.loop_op_mix(text, optimized=True)
   assert (opt["int32"], opt["smem_ld"]) == (2, 1)  # one shift, the xor; the select is hoisted
+
+
+@pytest.mark.slow
+def test_lowering_sweep():
+  """70 random configurations (seed 0) of K, N, G, M, zero points and activation dtype: every plan the kernel accepts
+  lowers for cuda (the sweep that found the 256-element TMA box limit); the rest are refused with a reason."""
+  import itertools  # pylint: disable=g-import-not-at-top
+  import random  # pylint: disable=g-import-not-at-top
+  combos = list(itertools.product([1024, 2048, 4096, 8192, 14336, 16384], [64, 512, 4096, 14336, 28672],
+                                  [16, 32, 64, 128, 256], [1, 8, 17, 64, 100, 128, 300, 512], [False, True],
+                                  [jnp.bfloat16, jnp.float16]))
+  random.Random(0).shuffle(combos)
+  lowered = 0
+  for k, n, g, m, zp, dtype in combos[:70]:
+    spec = quant.Int4(group_size=g, scheme="minmax" if zp else "absmax")
+    t = jax.eval_shape(lambda w, spec=spec: lin.linear_layout(quant.quantize(w, spec, axis=-2)),
+                       jax.ShapeDtypeStruct((k, n), jnp.float32))
+    try:
+      lin.linear_plan(m, k, n, t)
+    except Unsupported as e:
+      assert str(e)
+      continue
+    f = jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False))
+    assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(jax.ShapeDtypeStruct((m, k), dtype), t).mlir_module()
+    lowered += 1
+  assert lowered >= 60
