@@ -8,6 +8,8 @@ compute dtype (the contract: quantize the array the matmul sees).
 Layouts: "kn" keeps the QArrays as quantized, [.., K, N] along K (`kernels.qmatmul`); "linear" stores them
 in the nn.Linear orientation [.., N, K] (`kernels.linear_layout`: the same codes and scales, transposed once
 here), which the decoder runs through `kernels.qlinear` (Hopper: the W4A16 kernel that decodes in registers).
+`quant.dequantize_params` of a "linear" tree gives its kernels as stored, [.., N, K]: not a float parameter
+tree for `models.forward` (serve "kn" for that).
 """
 
 from __future__ import annotations
