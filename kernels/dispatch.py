@@ -182,7 +182,13 @@ def qmatmul(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
     return _mm.pallas_matmul(x, q, block=block, target=s.target)
   if impl in ("pallas", "mosaic_gpu"):
     raise ValueError(f"qmatmul(impl={impl!r}): {s.reason}")
-  if impl == "auto" and s.reason not in _logged:
-    _logged.add(s.reason)
-    log.info("qmatmul: XLA path: %s", s.reason)
+  if impl == "auto":
+    log_fallback("qmatmul", s.reason)
   return xla_matmul(x, q)
+
+
+def log_fallback(entry: str, reason: str) -> None:
+  """Logs `entry`'s XLA fallback once per distinct reason (logger "lrl_jax.kernels")."""
+  if reason not in _logged:
+    _logged.add(reason)
+    log.info("%s: XLA path: %s", entry, reason)

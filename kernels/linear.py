@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 
 import jax
 import jax.numpy as jnp
@@ -55,12 +54,11 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import Unsupported
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
+from lrl_jax.kernels.matmul import _zero_cotangent
+from lrl_jax.kernels.mosaic_gpu import _swizzled
 
 __all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan",
            "linear_plan"]
-
-log = logging.getLogger("lrl_jax.kernels")
-_logged: set[str] = set()
 
 WGMMA_M = 64  # weight rows per program: the wgmma M
 _BK = 128  # logical K per pipeline step: a 64-byte row of int4 codes, a 256-byte row of bf16 activations
@@ -169,13 +167,6 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
   return LinearPlan(mt=mt, m_pad=m_pad, bk=_BK, split_k=split_k, group=g, stages=stages)
 
 
-def _swizzled(cols: int, bits: int) -> tuple:
-  """SMEM transforms of a [rows, cols] operand tile with `bits`-bit elements: the widest swizzle."""
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  s = plgpu.find_swizzle(cols * bits)
-  return (plgpu.TilingTransform((8, s * 8 // bits)), plgpu.SwizzleTransform(s))
-
-
 def _codes_as_int4(c_smem):
   """The uint8 code tile [64, bk/2] in SMEM as int4 q [64, bk] (two's complement) in `WGMMA_UPCAST_4X` layout.
 
@@ -273,8 +264,8 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
     plgpu.wgmma_wait(0)  # the code and activation tiles are refilled by the pipeline
 
   # Swizzle atoms no wider than one wgmma's K slice: a slice of the transposed view starts on an atom.
-  x_spec = plgpu.BlockSpec((p.mt, p.bk), lambda t: (i, sp * steps + t), transforms=_swizzled(width, 16))
-  c_spec = plgpu.BlockSpec((WGMMA_M, p.bk // 2), lambda t: (j, sp * steps + t), transforms=_swizzled(p.bk // 2, 8))
+  x_spec = plgpu.BlockSpec((p.mt, p.bk), lambda t: (i, sp * steps + t), transforms=_swizzled(width, x_dtype))
+  c_spec = plgpu.BlockSpec((WGMMA_M, p.bk // 2), lambda t: (j, sp * steps + t), transforms=_swizzled(p.bk // 2, jnp.uint8))
 
   def run(acc_ref):
     plgpu.emit_pipeline(functools.partial(body, acc_ref=acc_ref), grid=(steps,), in_specs=[x_spec, c_spec],
@@ -390,14 +381,6 @@ def supported_linear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> Su
   return Support(True, path, f"{w.spec.name} linear-layout kernel on {backend}", "mosaic_gpu")
 
 
-def _zero_cotangent(w: quant.QArray) -> quant.QArray:
-  def zero(a):
-    if jnp.issubdtype(a.dtype, jnp.inexact):
-      return jnp.zeros_like(a)
-    return np.zeros(a.shape, dtype=jax.dtypes.float0)
-  return jax.tree.map(zero, w)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _linear_vjp(x, w, interpret):
   return mosaic_linear(x, w, interpret=interpret)
@@ -436,8 +419,7 @@ def qlinear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> jax.Array:
     return y.reshape(*lead, w.shape[0])
   if impl == "mosaic_gpu":
     raise ValueError(f"qlinear(impl='mosaic_gpu'): {s.reason}")
-  if impl == "auto" and s.reason not in _logged:
-    _logged.add(s.reason)
-    log.info("qlinear: XLA path: %s", s.reason)
+  if impl == "auto":
+    dispatch.log_fallback("qlinear", s.reason)
   return xla_linear(x, w)
 

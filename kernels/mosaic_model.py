@@ -12,6 +12,7 @@ and H200 figures as the Triton model). An estimate of the machine code, not a co
 from __future__ import annotations
 
 import re
+import types
 
 import jax
 import jax.numpy as jnp
@@ -155,7 +156,7 @@ def predicted(m: int, k: int, n: int, spec: quant.Int4 = quant.Int4(), dtype=jnp
            "fp32": mix["f32"], "conv": 0, "mio": mix["shuffle"] + mix["smem_ld"]}
   total = sum(pipes.values()) + mix["wgmma"]
   # issue_model reads split_k, bk and bn (here the 64 weight rows of a program).
-  plan_ = type("P", (), {"split_k": p.split_k, "bk": p.bk, "bn": WGMMA_M})()
+  plan_ = types.SimpleNamespace(split_k=p.split_k, bk=p.bk, bn=WGMMA_M)
   w_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(w))
   model = triton_aot.issue_model({"pipes": pipes, "total": total}, plan_=plan_, k=k, n=n, m=m,
                                  programs=(n // WGMMA_M) * (p.m_pad // p.mt) * p.split_k, num_warps=4,
