@@ -117,6 +117,11 @@ class LinearPlan:
     """wgmma calls per step: one per scale group in the chunk (G < bk), else one."""
     return max(1, self.bk // self.group)
 
+  @property
+  def width(self) -> int:
+    """K columns per wgmma call: one scale group, or the whole step."""
+    return self.bk // self.slices
+
 
 def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None = None,
                 stages: int = _STAGES) -> LinearPlan:
@@ -221,7 +226,7 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
   if has_zp:
     plgpu.copy_gmem_to_smem(z_g.at[rows, cols], z_smem, bar)
   plgpu.barrier_wait(bar)
-  width = p.bk // p.slices  # K columns per wgmma call
+  width = p.width
 
   def column(ref, col):
     """Column `col` of a [64, ns] SMEM tile as a [64] vector in the row layout of the wgmma layout."""
@@ -307,8 +312,8 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
       o_smem=plgpu.SMEM((WGMMA_M, p.mt), jnp.float32),
       bar=plgpu.Barrier(num_arrivals=2 if has_zp else 1),  # the scale copy [and the zero-point copy]
       # The interpreter's wgmma operands (unused when compiled: a few KiB of SMEM).
-      w_scr=plgpu.SMEM((WGMMA_M, p.bk // p.slices) if interpret else (8, 8), x.dtype),
-      xt_scr=plgpu.SMEM((p.bk // p.slices, p.mt) if interpret else (8, 8), x.dtype),
+      w_scr=plgpu.SMEM((WGMMA_M, p.width) if interpret else (8, 8), x.dtype),
+      xt_scr=plgpu.SMEM((p.width, p.mt) if interpret else (8, 8), x.dtype),
   )
   kwargs = {}
   if interpret:
