@@ -1,4 +1,4 @@
-"""`qmatmul`: one entry for x @ dequantize(q) that picks the Pallas kernel or XLA.
+"""`qmatmul`: one entry for x @ dequantize(q) (`quant.qdot`) that picks the Pallas kernel or XLA.
 
 Policy (`supported` says which path runs and why):
   TPU   Pallas (Mosaic, k_grid schedule) when a tile plan fits, else XLA.
@@ -20,7 +20,6 @@ from typing import Literal
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from lrl_jax import quant
 from lrl_jax.kernels import matmul as _mm
@@ -66,16 +65,14 @@ def _backend() -> str:
 
 
 def xla_matmul(x: jax.Array, q: quant.QArray) -> jax.Array:
-  """[..., K] @ QArray [K, N] -> [..., N] in x.dtype: dequantize to x.dtype, dot with f32 accumulation."""
-  w = quant.dequantize(q, x.dtype)
+  """[..., K] @ QArray [K, N] -> [..., N] in x.dtype: `quant.qdot` (dequantize to x.dtype, dot with f32
+  accumulation; NVFP4's per-matrix scale after the sum), with `jnp.dot` semantics for a stack [.., K, N]."""
   m = 1
   for d in x.shape[:-1]:
     m *= d
-  if m > 1 and _backend() == "cpu":
-    # XLA:CPU fuses the dequantize into the dot and recomputes it per row: 4-6x slower at M = 16
-    # (measured, README.md). Materialize ŵ once. Not on GPU, where fusing it into the GEMM is the point.
-    w = lax.optimization_barrier(w)
-  return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+  # XLA:CPU fuses the dequantize into the dot and recomputes it per row: 4-6x slower at M = 16
+  # (measured, README.md). Materialize ŵ once. Not on GPU, where fusing it into the GEMM is the point.
+  return quant.qdot(x, q, materialize=m > 1 and _backend() == "cpu").astype(x.dtype)
 
 
 def _gpu_compute_capability() -> float | None:

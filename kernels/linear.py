@@ -54,7 +54,7 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import Unsupported
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
-from lrl_jax.kernels.matmul import _zero_cotangent
+from lrl_jax.kernels.matmul import _x_cotangent, _zero_cotangent
 from lrl_jax.kernels.mosaic_gpu import _swizzled
 
 __all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan",
@@ -334,9 +334,9 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
 
 
 def xla_linear(x: jax.Array, w: quant.QArray) -> jax.Array:
-  """[..., K] @ dequantize(w)ᵀ for w [N, K]: dequantize to x.dtype, dot with f32 accumulation."""
-  wd = quant.dequantize(w, x.dtype)
-  return jnp.einsum("...k,nk->...n", x, wd, preferred_element_type=jnp.float32).astype(x.dtype)
+  """[..., K] @ dequantize(w)ᵀ for w [N, K]: `quant.qdot` (dequantize to x.dtype, dot with f32 accumulation;
+  NVFP4's per-matrix scale after the sum)."""
+  return quant.qdot(x, w, (((x.ndim - 1,), (w.ndim - 1,)), ((), ()))).astype(x.dtype)
 
 
 def supported_linear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> Support:
@@ -397,9 +397,7 @@ def _linear_fwd(x, w, interpret):
 
 def _linear_bwd(interpret, w, g):
   del interpret
-  # dx = g @ ŵ with ŵ rounded to the activation dtype, as autodiff of the XLA path gives.
-  dx = jnp.dot(g, quant.dequantize(w, g.dtype), preferred_element_type=jnp.float32).astype(g.dtype)
-  return dx, _zero_cotangent(w)
+  return _x_cotangent(g, lambda x: xla_linear(x, w), w.shape[1]), _zero_cotangent(w)
 
 
 _linear_vjp.defvjp(_linear_fwd, _linear_bwd)

@@ -149,22 +149,22 @@ def _int4_tile_t(x_tiles, c, s, z=None, *, precision):
   return acc
 
 
-def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision, gpu: bool = False):
+def _tile_product(x_tiles, c, s, z=None, *, spec, x_dtype, precision, gpu: bool = False):
   """Σ_planes x_p @ round_{x.dtype}(ŵ_p) in f32 for one K chunk. x_p [bm, r], c [r, bn] -> [bm, bn].
 
   z: INT4 zero points of the chunk's groups (the scale's shape; int8, or the scale's dtype on TPU) or None:
     ŵ = (q − z)·s.
   gpu: the Triton form of NVFP4: e2m1 · s_b in bf16 (`_e2m1_bf16`; the product of a 2-bit and a 4-bit
-    significand is exact in bf16's 8, and within its range), then · dec in f32 as `quant.dequantize` does:
-    the same values with about a third fewer instructions per weight (kernels/README.md, "Instruction mix").
+    significand is exact in bf16's 8, and within its range), the same values as the f32 form with fewer
+    instructions per weight (kernels/README.md, "Instruction mix").
+  NVFP4's per-matrix dec is not applied here: the wrapper multiplies the summed product by it (`quant.qdot`).
   """
   if gpu and isinstance(spec, quant.NVFP4):
     sb = _expand_rows(s.astype(jnp.bfloat16), c.shape[0])  # e4m3 -> bf16: exact
     ci = c.astype(jnp.int32)
     acc = None
     for p, xt in enumerate(x_tiles):
-      e = _e2m1_bf16((ci & 0xF) if p == 0 else ((ci >> 4) & 0xF)) * sb
-      w = (e.astype(jnp.float32) * gs).astype(x_dtype)
+      w = (_e2m1_bf16((ci & 0xF) if p == 0 else ((ci >> 4) & 0xF)) * sb).astype(x_dtype)  # exact in bf16/f16/f32
       d = jnp.dot(xt, w, preferred_element_type=jnp.float32, precision=precision)
       acc = d if acc is None else acc + d
     return acc
@@ -174,28 +174,25 @@ def _tile_product(x_tiles, c, s, gs, z=None, *, spec, x_dtype, precision, gpu: b
   zf = None if z is None else _expand_rows(z, c.shape[0])
   acc = None
   for p, xt in enumerate(x_tiles):
-    w = dequant_plane(c, p, sf, zf, gs, spec=spec)
+    w = dequant_plane(c, p, sf, zf, spec=spec)
     d = jnp.dot(xt, w.astype(x_dtype), preferred_element_type=jnp.float32, precision=precision)
     acc = d if acc is None else acc + d
   return acc
 
 
-def dequant_plane(c, plane: int, sf, zf, gs, *, spec) -> jax.Array:
-  """ŵ of one nibble plane (or of an 8-bit tile) in f32, in `quant.dequantize`'s order: ((q − z) · s) · dec.
+def dequant_plane(c, plane: int, sf, zf, *, spec) -> jax.Array:
+  """ŵ of one nibble plane (or of an 8-bit tile) in f32, in `quant.dequantize`'s order: (q − z) · s.
 
-  c: the code tile; sf / zf: the scales / zero points expanded to it, f32 (zf None without zero points);
-  gs: NVFP4's per-matrix decode scale or None.
+  c: the code tile; sf / zf: the scales / zero points expanded to it, f32 (zf None without zero points).
+  NVFP4: e2m1 · s_b, exact; its per-matrix dec multiplies the summed product outside the kernel (`_apply_dec`).
   """
   q = _decode_codes(c, spec, plane)
   if zf is not None:
     q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
-  w = q * sf
-  if gs is not None:
-    w = w * gs  # (e2m1 · s_b) · dec: the order of dequantize, for identical rounding
-  return w
+  return q * sf
 
 
-def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype, precision, chunks: int,
+def _kernel(*refs, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, precision, chunks: int,
             m_rows: int | None = None, gpu: bool = False):
   """One program's output tile. m_rows (k_loop only): the real row count when the last row tile overhangs it;
   those rows are then masked on load and store (Pallas Triton does not mask an overhanging block itself).
@@ -203,7 +200,6 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
   x_refs = refs[:n_x]
   c_ref, s_ref = refs[n_x], refs[n_x + 1]
   z_ref = refs[n_x + 2] if has_zp else None
-  gs = refs[n_x + 2 + int(has_zp)][...] if has_gs else None
   o_ref = refs[-1]
   tile = functools.partial(_tile_product, spec=spec, x_dtype=x_dtype, precision=precision, gpu=gpu)
   int4_t = gpu and p.schedule == "k_loop" and _bf16_int4(spec, x_dtype, s_ref.dtype)
@@ -214,7 +210,7 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
     def _():
       o_ref[...] = jnp.zeros(o_ref.shape, jnp.float32)
 
-    o_ref[...] += tile([r[...] for r in x_refs], c_ref[...], s_ref[...], gs, None if z_ref is None else z_ref[...])
+    o_ref[...] += tile([r[...] for r in x_refs], c_ref[...], s_ref[...], None if z_ref is None else z_ref[...])
     return
 
   rows = p.bk // 2 if p.packed else p.bk  # code (and x-plane) rows per chunk
@@ -236,7 +232,7 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_gs: bool, has_zp: bool, x_dtype,
     z = None if z_ref is None else z_ref[srow, :]
     if int4_t:
       return acc + _int4_tile_t(xt, c, s, z, precision=precision)
-    return acc + tile(xt, c, s, gs, z)
+    return acc + tile(xt, c, s, z)
 
   if int4_t:  # accumulates yᵀ [bn, bm]
     acc = lax.fori_loop(0, chunks, body, jnp.zeros(o_ref.shape[::-1], jnp.float32)).T
@@ -292,11 +288,11 @@ def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
 
 
 def kernel_operands(xp: jax.Array, q: quant.QArray, p: Plan, *, zp_dtype=None):
-  """The kernels' inputs: (x planes, [*planes, codes, scales, (zero points), (dec)], has_zp, has_gs).
+  """The kernels' inputs: (x planes, [*planes, codes, scales, (zero points)], has_zp).
 
   Packed formats split x into its even / odd K columns (one plane per nibble); MXFP8's e8m0 scales travel
-  as their uint8 view (decoded in-kernel); INT4 zero points are cast to zp_dtype when given; NVFP4's
-  per-matrix decode scale becomes a (1, 1) f32 block.
+  as their uint8 view (decoded in-kernel); INT4 zero points are cast to zp_dtype when given. NVFP4's
+  per-matrix decode scale stays outside: `_apply_dec` multiplies the kernel's f32 output by it.
   """
   xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
   scale = q.scale
@@ -306,10 +302,12 @@ def kernel_operands(xp: jax.Array, q: quant.QArray, p: Plan, *, zp_dtype=None):
   has_zp = q.zero_point is not None
   if has_zp:
     operands.append(q.zero_point if zp_dtype is None else q.zero_point.astype(zp_dtype))
-  has_gs = isinstance(q.spec, quant.NVFP4)
-  if has_gs:
-    operands.append(q.global_scale.astype(jnp.float32).reshape(1, 1))
-  return xs, operands, has_zp, has_gs
+  return xs, operands, has_zp
+
+
+def _apply_dec(y: jax.Array, q: quant.QArray) -> jax.Array:
+  """The kernel's f32 product times NVFP4's per-matrix decode scale (once, after the K sum: `quant.qdot`)."""
+  return y if q.global_scale is None else y * q.global_scale.astype(jnp.float32)
 
 
 def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target, interpret: bool):
@@ -329,7 +327,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   # Mosaic TPU tiles int8 as (32, 128): a (bk/G, bn) zero-point block of 8 or 16 group rows does not compile
   # (E2002, found by the ahead-of-time TPU compile, kernels/README.md). In the scale's dtype the block tiles like
   # the scales; the integers -8..15 are exact there. Costs 1/(2G) byte per weight per call.
-  xs, operands, has_zp, has_gs = kernel_operands(xp, q, p, zp_dtype=q.scale.dtype if target == "tpu" else None)
+  xs, operands, has_zp = kernel_operands(xp, q, p, zp_dtype=q.scale.dtype if target == "tpu" else None)
 
   per_row = 2 if p.packed else 1
   channel = p.channel
@@ -363,11 +361,9 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
     out_shape = jax.ShapeDtypeStruct((p.split_k, m, n), jnp.float32)
     out_spec = pl.BlockSpec((pl.squeezed, p.bm, p.bn), lambda i, j, s: (s, i, j))
     chunks = ks // p.bk
-  if has_gs:
-    in_specs.append(pl.BlockSpec((1, 1), lambda *_: (0, 0)))
 
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
-  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_gs=has_gs, has_zp=has_zp, x_dtype=x.dtype,
+  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, x_dtype=x.dtype,
                              precision=precision, chunks=chunks, m_rows=m if not pad and p.m_pad > m else None,
                              gpu=target == "gpu")
   out = pl.pallas_call(
@@ -381,8 +377,8 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
       name=f"{q.spec.name}_matmul",
   )(*operands)
   if p.schedule == "k_loop":
-    return out.sum(axis=0).astype(x.dtype)  # split-K partials [S, M, N] (a no-op reduction when S == 1)
-  return out[:m].astype(x.dtype)
+    out = out.sum(axis=0)  # split-K partials [S, M, N] (a no-op reduction when S == 1)
+  return _apply_dec(out[:m], q).astype(x.dtype)
 
 
 def _zero_cotangent(q: quant.QArray) -> quant.QArray:
@@ -402,10 +398,16 @@ def _pallas_fwd(x, q, block, target, interpret):
   return _pallas_2d(x, q, block, target, interpret), q
 
 
+def _x_cotangent(g: jax.Array, xla_forward, k: int) -> jax.Array:
+  """dx for the cotangent g of a matmul linear in x: autodiff of its XLA path `xla_forward` (x [..., k] -> y), so a
+  kernel's custom_vjp gives the numbers differentiating the XLA path gives (`quant.qdot`'s form: ŵ in the
+  activation dtype, NVFP4's dec applied as the forward applies it)."""
+  _, vjp = jax.vjp(xla_forward, jnp.zeros(g.shape[:-1] + (k,), g.dtype))
+  return vjp(g)[0]
+
+
 def _pallas_bwd(block, target, interpret, q, g):
-  # dx = g @ ŵᵀ with ŵ rounded to the activation dtype, as autodiff of the XLA path gives.
-  w = quant.dequantize(q, g.dtype)
-  dx = jnp.dot(g, w.T, preferred_element_type=jnp.float32).astype(g.dtype)
+  dx = _x_cotangent(g, lambda x: quant.qdot(x, q).astype(x.dtype), q.shape[0])
   return dx, _zero_cotangent(q)
 
 

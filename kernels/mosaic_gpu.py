@@ -42,7 +42,7 @@ from jax.experimental import pallas as pl
 
 from lrl_jax import quant
 from lrl_jax.kernels.blocks import Plan
-from lrl_jax.kernels.matmul import _decode_scale, dequant_plane, kernel_operands
+from lrl_jax.kernels.matmul import _apply_dec, _decode_scale, dequant_plane, kernel_operands
 
 __all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes", "lowered_smem_bytes"]
 
@@ -66,13 +66,12 @@ def _swizzled(cols: int, dtype) -> tuple:
   return (plgpu.TilingTransform((8, s * 8 // bits)), plgpu.SwizzleTransform(s))
 
 
-def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, has_gs: bool, x_dtype,
-            chunks: int, interpret: bool):
+def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, chunks: int,
+            interpret: bool):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  n_in = n_x + 2 + int(has_zp) + int(has_gs)
+  n_in = n_x + 2 + int(has_zp)
   x_g, (c_g, s_g) = refs[:n_x], refs[n_x:n_x + 2]
   z_g = refs[n_x + 2] if has_zp else None
-  gs_g = refs[n_in - 1] if has_gs else None
   o_g = refs[n_in]
   rows = p.bk // 2 if p.packed else p.bk  # code rows per chunk
   srows = 1 if p.channel else p.bk // p.kg  # scale rows per chunk
@@ -112,9 +111,8 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, has_gs
     sf = scales(s, sx, lambda r: _decode_scale(r, spec))
     zf = scales(chunk[n_x + 2], zx, lambda r: r.astype(jnp.int32).astype(jnp.float32)) if has_zp else None
     codes = wgmma_layout(c)
-    gs = gs_g[0, 0] if has_gs else None
     for plane in range(n_x):
-      w_smem[plane][...] = dequant_plane(codes, plane, sf, zf, gs, spec=spec).astype(x_dtype)
+      w_smem[plane][...] = dequant_plane(codes, plane, sf, zf, spec=spec).astype(x_dtype)
     plgpu.commit_smem()  # the generic-proxy stores above, before the async-proxy wgmma reads them
     for plane, xt in enumerate(xs):
       plgpu.wgmma(acc_ref, xt, w_smem[plane])
@@ -150,7 +148,7 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
   m, k = x.shape
   n = q.shape[1]
   xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.m_pad > m else x
-  xs, operands, has_zp, has_gs = kernel_operands(xp, q, p)
+  xs, operands, has_zp = kernel_operands(xp, q, p)
   rows = p.bk // 2 if p.packed else p.bk
   assert rows == WGMMA_M, p  # sx doubles as the (64, bn) output staging tile
   chunks = k // p.split_k // p.bk
@@ -163,8 +161,8 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
   if interpret:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # pylint: disable=g-import-not-at-top
     kwargs["interpret"] = InterpretGPUParams()
-  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, has_gs=has_gs,
-                             x_dtype=x.dtype, chunks=chunks, interpret=interpret)
+  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, x_dtype=x.dtype, chunks=chunks,
+                             interpret=interpret)
   call = plgpu.kernel(
       kernel,
       out_type=jax.ShapeDtypeStruct((p.split_k, m if p.m_pad == WGMMA_M else p.m_pad, n), jnp.float32),
@@ -173,7 +171,7 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
       scratch_types=scratch,
       **kwargs,
   )
-  return call(*operands).sum(axis=0)[:m].astype(x.dtype)
+  return _apply_dec(call(*operands).sum(axis=0)[:m], q).astype(x.dtype)
 
 
 def smem_bytes(x: jax.ShapeDtypeStruct, q, block=None) -> int:

@@ -313,8 +313,10 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
   w: a QArray (sampler: `kernels.qmatmul`; in the nn.Linear layout [N, K], axis=-1: `kernels.qlinear`)
     or a float array (learner). A float w with a spec is
   fake-quantized along K with a straight-through gradient through `quant.dot_general_for(spec)`
-  (AQT for INT4 / FP8, `fake_quant` for NVFP4 / MXFP8; a barrier there keeps XLA from fusing the
-  dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`).
+  (AQT for INT4 / FP8, `fake_quant` for MXFP8; a barrier there keeps XLA from fusing the
+  dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`). NVFP4
+  computes the sampler's dot, `quant.qdot` (its per-matrix scale after the K sum): the QAT forward equals
+  the forward on the served QArrays, and the one on `fake_quant_params` up to rounding ŵ to x.dtype.
   act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8), or None.
   qparams: (scale, zero point or None) of a learned INT4 spec (`kernel_scale` / `kernel_zero`).
   alpha: QAT warm-up weight in [0, 1] (a scalar array) or None (QAT fully on).
@@ -341,8 +343,12 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
     w_hat = lax.optimization_barrier(w_hat)  # same dot as the sampler's on dequantized weights
     if act_spec is not None:
       x = lax.optimization_barrier(quant.fake_quant(x, act_spec, axis=-1))
-    y = lax.dot_general(x, w_hat, dn, preferred_element_type=jnp.float32)
-    return y.astype(x.dtype)
+    blend = lambda: lax.dot_general(x, w_hat, dn, preferred_element_type=jnp.float32)  # noqa: E731
+    if isinstance(spec, quant.NVFP4) and qparams is None:
+      # Once faded in, NVFP4 computes the sampler's dot, dec · (x @ e2m1·s_b) (`quant.qdot`), not x @ round(ŵ).
+      served = lambda: quant.dot_general_for(spec)(x, w, dn, preferred_element_type=jnp.float32)  # noqa: E731
+      return lax.cond(a >= 1.0, served, blend).astype(x.dtype)
+    return blend().astype(x.dtype)
   y = quant.dot_general_for(spec, act_spec=act_spec)(x, w, dn, preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
 

@@ -3,11 +3,14 @@
 Formats: `Int4` (W4A16, slime / compressed-tensors), `FP8` (E4M3, channel/token/block),
 `MXFP8` (OCP microscaling), `NVFP4` (E2M1 + E4M3 per 16 + FP32 per tensor).
 `fake_quant(x, spec) == dequantize(quantize(x, spec), x.dtype)` bit for bit.
+`qdot(x, q)`: the one definition of a matmul on a QArray (NVFP4: its per-matrix scale after the K sum), which
+the sampler's kernels and the learner's QAT dot both compute.
 """
 
 from lrl_jax.quant.specs import FP8, Int4, MXFP8, NVFP4, Spec
 from lrl_jax.quant.qarray import QArray, check_spec, dequantize, fake_quant, learned_fake_quant, quantize
 from lrl_jax.quant.debug import check_finite, checked
+from lrl_jax.quant.dot import qdot
 from lrl_jax.quant.aqt import aqt_fake_quant, dot_general_for
 from lrl_jax.quant.rules import (
     SCALE_SUFFIX,
@@ -31,7 +34,7 @@ from lrl_jax.quant.init import grid_residual, int4_aware_init, next_token_kl, po
 __all__ = [
     "Int4", "FP8", "MXFP8", "NVFP4", "Spec",
     "QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec",
-    "dot_general_for", "aqt_fake_quant", "check_finite", "checked",
+    "qdot", "dot_general_for", "aqt_fake_quant", "check_finite", "checked",
     "QuantRules", "quantize_params", "fake_quant_params", "dequantize_params", "path_str", "init_learned",
     "SCALE_SUFFIX", "ZERO_SUFFIX",
     "pack_nibbles", "unpack_nibbles", "pack_int4_compressed_tensors", "unpack_int4_compressed_tensors",

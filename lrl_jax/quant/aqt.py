@@ -32,7 +32,8 @@ the *unquantized* weight, whereas the learner should differentiate what it compu
 
 NVFP4 (two-level scale: the per-block E4M3 scale and the per-matrix FP32 scale are
 applied as two separate multiplications, which AQT's single-scale QTensor cannot
-reproduce bit for bit) and MXFP8 use `fake_quant` from this package.
+reproduce bit for bit) and MXFP8 use this package's own quantizer. NVFP4's dot is the
+served form of `quant.qdot`, dec · (x @ e2m1·s_b), with a straight-through gradient.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ from aqt.jax.v2 import calibration as aqt_calibration
 from aqt.jax.v2 import utils as aqt_utils
 from aqt.jax.v2.numerics import fp8_numerics, int_numerics
 
-from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant
-from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, Int4, Spec
+from lrl_jax.quant.dot import qdot
+from lrl_jax.quant.qarray import (_F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant,
+                                  quantize)
+from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, Int4, NVFP4, Spec
 
 __all__ = ["dot_general_for", "aqt_fake_quant"]
 
@@ -150,14 +153,42 @@ def aqt_fake_quant(w: jax.Array, spec: Int4 | FP8, *, axis: int = -2) -> jax.Arr
   return _aqt_fake_quant(w, spec, ax)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _nvfp4_dot(lhs, rhs, dimension_numbers, spec, precision, preferred_element_type):
+  """lhs ⋅ fake_quant(rhs, NVFP4) in the served form: `qdot` on quantize(rhs), the sampler's dot bit for bit."""
+  (_, rhs_ca), _ = dimension_numbers
+  q = lax.optimization_barrier(quantize(rhs, spec, axis=int(rhs_ca[0])))
+  y = qdot(lhs, q, dimension_numbers, precision=precision, materialize=True)
+  return y.astype(preferred_element_type or jnp.result_type(lhs, rhs))
+
+
+def _nvfp4_dot_fwd(lhs, rhs, dimension_numbers, spec, precision, preferred_element_type):
+  return _nvfp4_dot(lhs, rhs, dimension_numbers, spec, precision, preferred_element_type), (lhs, rhs)
+
+
+def _nvfp4_dot_bwd(dimension_numbers, spec, precision, preferred_element_type, res, g):
+  # Straight-through, as for every other format: the gradient of lax.dot_general(lhs, ŵ) at ŵ = fake_quant(rhs),
+  # passed to rhs unchanged.
+  lhs, rhs = res
+  (_, rhs_ca), _ = dimension_numbers
+  w_hat = fake_quant(rhs, spec, axis=int(rhs_ca[0]))
+  _, vjp = jax.vjp(lambda a, b: lax.dot_general(a, b, dimension_numbers, precision=precision,
+                                                preferred_element_type=preferred_element_type), lhs, w_hat)
+  return vjp(g)
+
+
+_nvfp4_dot.defvjp(_nvfp4_dot_fwd, _nvfp4_dot_bwd)
+
+
 def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGeneral:
   """A `lax.dot_general` replacement that fake-quantizes its rhs (the weight) to `spec`.
 
   Args:
     spec: weight format, or None for a plain dot_general. Groups run along the rhs
       contraction axis (which must be a single axis). AQT computes absmax Int4 and FP8;
-      minmax Int4, NVFP4 and MXFP8 go through `fake_quant` (AQT has no asymmetric INT4 with
-      this contract's zero-point rule, nor these block formats). Learned Int4 is not
+      minmax Int4 and MXFP8 go through `fake_quant` (AQT has no asymmetric INT4 with this
+      contract's zero-point rule, nor these block formats); NVFP4 computes `quant.qdot`'s served
+      form, dec · (lhs @ e2m1·s_b), with a straight-through gradient. Learned Int4 is not
       accepted here (its scales are parameters: `learned_fake_quant`).
     act_spec: optional FP8(granularity="token") for the lhs (W8A8): the activations are
       fake-quantized per token along the lhs contraction axis.
@@ -180,6 +211,11 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
         raise ValueError(f"{spec}: the weight must contract over one axis; got rhs shape {rhs.shape}, "
                          f"contracting axes {tuple(rhs_ca)}")
       axis = int(rhs_ca[0])
+      if isinstance(spec, NVFP4):
+        check_spec(spec, rhs.shape, rhs.dtype, axis)
+        if act_spec is not None:
+          lhs = lax.optimization_barrier(aqt_fake_quant(lhs, act_spec, axis=int(lhs_ca[0])))
+        return _nvfp4_dot(lhs, rhs, dimension_numbers, spec, precision, preferred_element_type)
       if isinstance(spec, FP8) or (isinstance(spec, Int4) and spec.scheme == "absmax"):
         rhs = aqt_fake_quant(rhs, spec, axis=axis)
       else:

@@ -363,12 +363,14 @@ def _quantize_nvfp4(x, spec: NVFP4, axis):
   return codes, _scale_shape(sb, axis), dec.astype(jnp.float32)
 
 
-def _dequantize_nvfp4(q: QArray):
+def _dequantize_nvfp4(q: QArray, global_scale: bool = True):
   nib = packing.unpack_nibbles(q.codes, q.axis).astype(jnp.uint4)
   vals = lax.bitcast_convert_type(nib, jnp.float4_e2m1fn).astype(jnp.float32)
   vg = _groups(vals, q.axis, q.spec.block_size)
-  dec = _per_matrix(q.global_scale, vg.ndim)
-  return _ungroup(vg * _scale_groups(q.scale, q.axis).astype(jnp.float32) * dec, q.axis)
+  vg = vg * _scale_groups(q.scale, q.axis).astype(jnp.float32)  # e2m1 · s_b: exact (2 x 4 significant bits)
+  if global_scale:
+    vg = vg * _per_matrix(q.global_scale, vg.ndim)
+  return _ungroup(vg, q.axis)
 
 
 _QUANTIZE = {Int4: _quantize_int4, FP8: _quantize_fp8, MXFP8: _quantize_mxfp8, NVFP4: _quantize_nvfp4}
@@ -428,10 +430,18 @@ def quantize(x: jax.Array, spec: Spec, *, axis: int = -1, scale=None, zero_point
   return QArray(codes=codes, scale=sc, global_scale=gs, spec=spec, axis=ax, zero_point=zp)
 
 
-def dequantize(q: QArray, dtype=jnp.float32) -> jax.Array:
-  """x̂ of `q`, computed in float32 and rounded once to `dtype`."""
+def dequantize(q: QArray, dtype=jnp.float32, *, global_scale: bool = True) -> jax.Array:
+  """x̂ of `q`, computed in float32 and rounded once to `dtype`.
+
+  global_scale: NVFP4 only (ignored by the other formats). False leaves out the per-matrix decode scale and
+    returns e2m1 · s_b, which is exact in float32, bfloat16 and float16 alike (a 2-bit times a 4-bit
+    significand, |·| in [2^-10, 2688]); x̂ = that · `q.global_scale`. This is how the served NVFP4 matmul
+    and the learner's NVFP4 QAT dot apply `dec`: once, after the K sum (`served_dot`).
+  """
   if not isinstance(q, QArray):
     raise TypeError(f"dequantize expects a QArray, got {type(q).__name__}")
+  if isinstance(q.spec, NVFP4):
+    return _dequantize_nvfp4(q, global_scale).astype(dtype)
   return _DEQUANTIZE[type(q.spec)](q).astype(dtype)
 
 

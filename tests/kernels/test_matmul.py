@@ -73,6 +73,14 @@ def _round(a: np.ndarray, dtype) -> np.ndarray:
   return np.asarray(jnp.asarray(a, jnp.float32).astype(dtype).astype(jnp.float32), np.float64)
 
 
+def _served(q: quant.QArray, dtype, w_hat: np.ndarray | None = None) -> np.ndarray:
+  """ŵ as the served matmul (`quant.qdot`, every kernel) multiplies by it, float64: rounded to the activation
+  dtype, except NVFP4, whose e2m1 · s_b is exact in every activation dtype and whose per-matrix dec multiplies
+  the f32 sum: x @ ŵ itself."""
+  w_hat = _np_dequant(q) if w_hat is None else w_hat
+  return w_hat if isinstance(q.spec, quant.NVFP4) else _round(w_hat, dtype)
+
+
 def _check_close(y, x, w_hat, dtype_name):
   x64 = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
   ref = x64 @ w_hat
@@ -112,7 +120,7 @@ def test_kernel_matches_reference(qweights, fmt, dtype_name, m, target):
     return
   y = pallas_matmul(x, q, target=target, interpret=True)
   assert y.shape == (m, N) and y.dtype == dtype
-  _check_close(y, x, _round(w_hat, dtype), dtype_name)
+  _check_close(y, x, _served(q, dtype, w_hat), dtype_name)
 
 
 @pytest.mark.parametrize("target", ["gpu", "tpu"])
@@ -138,7 +146,7 @@ def test_named_entry_points_jit_and_leading_dims(qweights, fmt, fn):
   x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, K)), jnp.bfloat16)
   y = jax.jit(lambda x, q: fn(x, q, interpret=True))(x, q)
   assert y.shape == (2, 5, N) and y.dtype == jnp.bfloat16
-  _check_close(y.reshape(10, N), x.reshape(10, K), _round(w_hat, jnp.bfloat16), "bf16")
+  _check_close(y.reshape(10, N), x.reshape(10, K), _served(q, jnp.bfloat16, w_hat), "bf16")
 
 
 def test_entry_points_reject_other_formats(qweights):
@@ -174,9 +182,9 @@ def test_gradient_wrt_x(qweights, fmt, dtype_name):
   dx_kernel = jax.grad(loss(lambda x: pallas_matmul(x, q, interpret=True)))(x)
   dx_xla = jax.grad(loss(lambda x: xla_matmul(x, q)))(x)
   assert dx_kernel.dtype == dtype and dx_kernel.shape == x.shape
-  # Both equal g @ round(ŵ)ᵀ (f32 accumulation, in their own summation order).
+  # Both equal g @ ŵᵀ as served (`_served`; f32 accumulation, in their own summation order).
   g_x = np.asarray(jnp.asarray(g).astype(dtype).astype(jnp.float32), np.float64).reshape(12, N)
-  w_r = _round(w_hat, dtype)
+  w_r = _served(q, dtype, w_hat)
   ref = g_x @ w_r.T
   bound = TOL[dtype_name] * (np.abs(g_x) @ np.abs(w_r).T) + 1e-30
   for dx in (dx_kernel, dx_xla):
@@ -208,6 +216,22 @@ def test_scan_over_stacked_layers():
     ql = jax.tree.map(lambda a, layer=layer: a[layer], qs)
     ref = ref @ _np_dequant(ql)
   np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("path", ["gpu", "tpu", "xla"])
+def test_nvfp4_applies_its_decode_scale_after_the_sum(qweights, path):
+  """NVFP4 with bf16 activations is dec · (x @ e2m1·s_b) (`quant.qdot`): the product of the contract's f32 ŵ,
+  rounded once at the output. The per-weight form x @ round_bf16(ŵ) is not: its 2^-9 per weight shows here."""
+  q, w_hat = qweights["nvfp4"]
+  x = jnp.asarray(np.random.default_rng(9).standard_normal((64, K)), jnp.bfloat16)
+  y = xla_matmul(x, q) if path == "xla" else pallas_matmul(x, q, target=path, interpret=True)
+  x64 = np.asarray(x.astype(jnp.float32), np.float64)
+  ref, scale = x64 @ w_hat, np.abs(x64) @ np.abs(w_hat)
+  bound = 2.0 ** -8 * np.abs(ref) + TOL["f32"] * scale  # the bf16 output's half ulp, and f32 summation
+  err = np.abs(np.asarray(y.astype(jnp.float32), np.float64) - ref)
+  assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
+  per_weight = _round(x64 @ _round(w_hat, jnp.bfloat16), jnp.bfloat16)  # what rounding ŵ to bf16 first gives
+  assert np.mean(np.abs(per_weight - ref) > bound) > 0.01
 
 
 def test_fp8_token_activations_native_dot(qweights):

@@ -16,7 +16,7 @@ from lrl_jax import kernels, quant
 from lrl_jax.kernels import BlockConfig, Unsupported, dispatch, pallas_matmul, xla_matmul
 from lrl_jax.kernels import mosaic_gpu as mg
 from lrl_jax.kernels.blocks import plan
-from tests.kernels.test_matmul import K, N, SPECS, TOL, _check_close, _np_dequant, _round, _weights
+from tests.kernels.test_matmul import K, N, SPECS, TOL, _check_close, _np_dequant, _served, _weights
 
 FORMATS = ["int4_g32", "int4_g128", "int4_g32_minmax", "nvfp4", "fp8_channel", "mxfp8"]
 
@@ -30,12 +30,13 @@ def qw():
 @pytest.mark.parametrize("m", [1, 17, 100])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matches_float64_reference(qw, fmt, m):
-  """x @ round_bf16(ŵ) up to f32 summation order and the bf16 output rounding; M = 100 spans two row tiles."""
+  """x @ ŵ as served (round_bf16(ŵ); NVFP4's dec after the sum) up to f32 summation order and the bf16 output
+  rounding; M = 100 spans two row tiles."""
   q, w_hat = qw[fmt]
   x = jnp.asarray(np.random.default_rng(m).standard_normal((m, K)), jnp.bfloat16)
   y = pallas_matmul(x, q, target="mosaic_gpu", interpret=True)
   assert y.shape == (m, N) and y.dtype == jnp.bfloat16
-  _check_close(y, x, _round(w_hat, jnp.bfloat16), "bf16")
+  _check_close(y, x, _served(q, jnp.bfloat16, w_hat), "bf16")
 
 
 def test_float16_activations(qw):
@@ -43,7 +44,7 @@ def test_float16_activations(qw):
   x = jnp.asarray(np.random.default_rng(5).standard_normal((3, K)), jnp.float16)
   y = pallas_matmul(x, q, target="mosaic_gpu", interpret=True)
   assert y.dtype == jnp.float16
-  _check_close(y, x, _round(w_hat, jnp.float16), "bf16")  # f16 output rounding (2^-11) is inside bf16's bound
+  _check_close(y, x, _served(q, jnp.float16, w_hat), "bf16")  # f16 output rounding (2^-11) is inside bf16's bound
 
 
 @pytest.mark.parametrize("fmt", ["int4_g32_minmax", "nvfp4"])
@@ -56,7 +57,7 @@ def test_split_k_and_several_chunks(fmt):
   p = plan(5, k, N, q.spec, block, "mosaic_gpu")
   assert (p.bm, p.bk, p.split_k, k // p.split_k // p.bk) == (64, 128, 4, 4)
   y = pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=True)
-  _check_close(y, x, _round(_np_dequant(q), jnp.bfloat16), "bf16")
+  _check_close(y, x, _served(q, jnp.bfloat16), "bf16")
 
 
 def test_plan_rules():
@@ -86,7 +87,7 @@ def test_gradient_through_custom_vjp(qw):
   loss = lambda fn: lambda x: jnp.sum(fn(x).astype(jnp.float32) * g)
   dx = jax.grad(loss(lambda x: pallas_matmul(x, q, target="mosaic_gpu", interpret=True)))(x)
   g_x = np.asarray(g.astype(jnp.bfloat16).astype(jnp.float32), np.float64).reshape(6, N)
-  w_r = _round(w_hat, jnp.bfloat16)
+  w_r = _served(q, jnp.bfloat16, w_hat)
   err = np.abs(np.asarray(dx.astype(jnp.float32), np.float64).reshape(6, K) - g_x @ w_r.T)
   assert np.all(err <= TOL["bf16"] * (np.abs(g_x) @ np.abs(w_r).T) + 1e-30)
 

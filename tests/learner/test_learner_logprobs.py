@@ -62,21 +62,27 @@ def test_token_logprobs_matches_numpy_of_forward():
     (quant.NVFP4(), "bfloat16"),
 ], ids=["int4-f32", "int4-bf16", "nvfp4-bf16"])
 def test_qat_logprobs_equal_fake_quant_params(spec, dtype):
-  """π under QAT == π of a plain forward on fake_quant_params of the array the matmul sees
-  (the compute-dtype cast of the fp32 masters) == π of the served QArray tree of that cast:
-  the sampler must quantize that cast."""
+  """π under QAT == π of the served QArray tree of the array the matmul sees (the compute-dtype cast of the fp32
+  masters: the sampler must quantize that cast) == π of a plain forward on fake_quant_params of it (NVFP4: up to
+  rounding ŵ to bf16, which its served dot does not do)."""
   mc = tiny_cfg()
   params = models.init_params(mc, jax.random.PRNGKey(1), std=0.3)
   batch = _batch(2)
   cfg = L.LearnerConfig(compute_dtype=dtype, qat=spec)
   got = L.token_logprobs(params, batch, mc, cfg=cfg)
   cast = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
-  fq = quant.fake_quant_params(cast, quant.QuantRules.default(spec))
-  want = L.token_logprobs(fq, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype))
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # bit for bit
   # The sampler's view: real codes of the same cast, matmuls through lrl_jax.kernels.qmatmul.
   served = quant.quantize_params(cast, quant.QuantRules.default(spec))
   mu = L.token_logprobs(served, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype))
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(mu))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(mu))  # bit for bit
+  fq = quant.fake_quant_params(cast, quant.QuantRules.default(spec))
+  want = L.token_logprobs(fq, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype))
+  if isinstance(spec, quant.NVFP4):
+    # NVFP4's dot applies dec after the K sum (`quant.qdot`); a float tree can only hold round_bf16(ŵ): the two
+    # differ by that rounding (2^-9 of each weight), far below what QAT changes (asserted below).
+    assert float(jnp.max(jnp.abs(got - want))) < 0.05 * float(jnp.max(jnp.abs(
+        L.token_logprobs(params, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype)) - got)))
+  else:
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # bit for bit
   plain = L.token_logprobs(params, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype))
   assert float(jnp.max(jnp.abs(plain - got))) > 1e-4  # QAT really changed the numerics

@@ -32,8 +32,10 @@ def test_forward_equals_contract(spec, dtype):
   x = jax.random.normal(jax.random.key(0), (5, 128), dtype)
   dg = quant.dot_general_for(spec)
   y = jax.jit(lambda x, w: dg(x, w, DN))(x, w)
-  w_hat = quant.dequantize(quant.quantize(w, spec, axis=0), dtype)
-  ref = jax.lax.dot_general(x, w_hat, DN)
+  if isinstance(spec, quant.NVFP4):  # the served form: dec after the K sum (`quant.qdot`), as the sampler's dot
+    ref = quant.qdot(x, quant.quantize(w, spec, axis=0), DN).astype(dtype)
+  else:
+    ref = jax.lax.dot_general(x, quant.dequantize(quant.quantize(w, spec, axis=0), dtype), DN)
   assert y.dtype == dtype
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref, np.float32))
 
