@@ -133,7 +133,8 @@ RL_RUN = [
 `config.load_config("configs/quickstart.yaml", overrides)` then `rl.train(cfg)`: a tiny Qwen2-shaped
 model learns 2-digit addition (supervised warm-up, then GRPO with INT4 QAT in the learner and real INT4
 weights in the sampler). Then reward, accuracy and the learner–sampler mismatch |π − μ| from its
-`metrics.jsonl`. `LRL_NB_SMALL=1` shortens the run (10 RL steps with smaller batches after the full warm-up)."""),
+`metrics.jsonl`. `LRL_NB_SMALL=1` shortens the run: 1-digit sums, a 150-step warm-up on batches of 32 (the
+2-digit task needs the full 500 x 128 to leave its near-zero accuracy), then 10 RL steps with smaller batches."""),
   code(SETUP),
   code('''\
 import json, tempfile
@@ -142,8 +143,8 @@ from lrl_jax import config, rl
 
 out_dir = Path(tempfile.mkdtemp(prefix="lrl_nb_rl_"))
 if SMALL:
-  overrides = ["run.steps=10", "run.batch_prompts=16", "run.eval_every=5", "run.ckpt_every=10",
-               "task.eval_size=128"]
+  overrides = ["task.digits=1", "run.sft_steps=150", "run.sft_batch=32", "run.steps=10", "run.batch_prompts=16",
+               "run.eval_every=5", "run.ckpt_every=10", "task.eval_size=128"]
 else:
   overrides = []  # the quickstart as configured: 500 warm-up steps, 200 GRPO steps
 cfg = config.load_config("configs/quickstart.yaml", overrides + [f"run.out_dir={out_dir}"])
