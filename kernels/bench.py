@@ -8,7 +8,7 @@ bytes a matmul must read: weights + scales + activations.
 
 On an accelerator each format is timed as the Pallas kernel and as the XLA
 dequantize-then-dot fallback (`qmatmul` should pick the faster); on an sm_90+ GPU also as
-the Mosaic GPU kernel (path "mosaic", `mosaic_gpu.py`) beside Triton (path "pallas"), and INT4 also in the
+the Mosaic GPU kernel (path "mosaic", `mosaic_gpu.py`) beside Triton (path "pallas"), and INT4 and NVFP4 also in the
 nn.Linear layout [N, K] through `qlinear`'s kernel (path "linear", `linear.py`; the weight is put in that
 layout once, outside the timing). On CPU only the XLA
 path is timed: Pallas runs there in interpret mode, orders of magnitude slower than any
@@ -102,7 +102,7 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
     qs = {f: jax.block_until_ready(jax.jit(lambda w, s=FORMATS[f]: quant.quantize(w, s, axis=-2))(w))
           for f in formats}
     lin_qs = {f: jax.block_until_ready(linear_layout(q)) for f, q in qs.items()
-              if linear is not None and isinstance(q.spec, quant.Int4)}
+              if linear is not None and isinstance(q.spec, (quant.Int4, quant.NVFP4))}
     for m in ms:
       x = jax.random.normal(jax.random.fold_in(kx, m), (m, k), jnp.bfloat16)
       x_bytes = m * k * 2

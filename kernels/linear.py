@@ -9,7 +9,7 @@ must be stored K-minor: [N, K/2] bytes, which is `quantize(w.T, axis=-1)`, the n
 compressed-tensors orientation. `linear_layout(q)` turns a [K, N] QArray into it (a transpose of codes and
 scales, exact); `dequantize(linear_layout(q)) == dequantize(q).T` bit for bit.
 
-The Mosaic GPU kernel (W4A16: `Int4`, bf16 / f16 activations), "swap AB": yᵀ = ŵᵀ xᵀ.
+The Mosaic GPU kernel (W4A16: `Int4`, bf16 / f16 activations; `NVFP4`, bf16), "swap AB": yᵀ = ŵᵀ xᵀ.
   * Grid (N/64, M/mt, S): one warpgroup per program owns 64 weight rows (the `wgmma` M), mt activation rows
     (the `wgmma` N: M rounded up to 8, at most 128, so decode pads 1 -> 8 rows, not 64) and K/S of the
     contraction (split-K S).
@@ -30,13 +30,20 @@ The Mosaic GPU kernel (W4A16: `Int4`, bf16 / f16 activations), "swap AB": yᵀ =
   * `wgmma(acc, ŵᵀ_g, xᵀ_g)` per group slice of the chunk (ŵᵀ from registers, xᵀ the transposed view of the
     swizzled activation tile), f32 accumulator [64, mt].
   * Partials [S, N, m_pad] f32, summed and transposed by XLA (at M = 1: 64 KiB per split for N = 8192).
+  * NVFP4 (`quant.qdot`'s form, dec · (x @ (e2m1 · s_b)ᵀ)): the same pipeline and relayout, the nibbles carried
+    as int4 unflipped; then per pair of codes a byte permute, a multiply and a mask place each E2M1 pattern in
+    a bf16 as e2m1 · 2^-126 (`e2m1_pair_bits`, about as many instructions as the int4 conversion). The program's
+    e4m3 block scales are turned once, before the loop, into a bf16 SMEM tile s_b · 2^119 (exact), so that the
+    scale product e2m1 · s_b · 2^-7 is exact and normal; one 16-wide wgmma per block scale; the wrapper
+    multiplies the f32 sum by 2^7 · dec.
 
-Status (2026-11-29): no GPU. Numerics run in Mosaic GPU's interpret mode on CPU against float64, where the
+Status (2026-12-01): no GPU. Numerics run in Mosaic GPU's interpret mode on CPU against float64, where the
 interpreter's limits (no register operand for `wgmma`, no transposed operand views, no register layouts)
 make the kernel route ŵᵀ and xᵀ through SMEM scratch: it checks the indexing and the arithmetic, not the
 register path. The register path is checked by lowering for `cuda` (`jax.export`, Pallas's full Mosaic GPU
-lowering: layouts, relayouts, TMA, `wgmma` shapes); `mosaic_model` reads the lowered module. Not compiled to
-machine code, not timed.
+lowering: layouts, relayouts, TMA, `wgmma` shapes); `mosaic_model` reads the lowered module. NVFP4's bit-placed
+decode runs in NumPy, the same `e2m1_pair_bits`, on every code byte at every register position (tests). Not
+compiled to machine code, not timed.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import Unsupported
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
-from lrl_jax.kernels.matmul import _x_cotangent, _zero_cotangent
+from lrl_jax.kernels.matmul import _e2m1, _zero_cotangent, _x_cotangent
 from lrl_jax.kernels.mosaic_gpu import _swizzled
 
 __all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan",
@@ -70,6 +77,8 @@ _MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256
 _MAX_PROGRAMS = 528
 _STAGES = 4
 _TMA_BOX = 256  # elements per dimension of one TMA copy
+# NVFP4's wgmma operand is e2m1 · s_b · 2^-_NVFP4_SHIFT: bf16 s_b · 2^126 would overflow for s_b > 2^1.99.
+_NVFP4_SHIFT = 7
 # Above this M, qlinear takes XLA: the kernel reads the weights once per 128-row tile, and past
 # `dispatch.MAX_WEIGHT_PASSES` passes XLA's dequantize-then-GEMM moves fewer bytes (reasoned, not timed).
 MAX_M = _MT_MAX * dispatch.MAX_WEIGHT_PASSES
@@ -101,7 +110,7 @@ class LinearPlan:
     m_pad: M rounded up to whole row tiles.
     bk: logical K per pipeline step.
     split_k: programs sharing one output tile along K (partials summed by XLA).
-    group: the INT4 group size G.
+    group: the INT4 group size G, or NVFP4's block of 16.
     stages: pipeline steps in flight.
   """
 
@@ -130,9 +139,9 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
   split_k: programs per output tile along K; None picks it (see `_MAX_PROGRAMS`). stages: steps in flight.
   """
   spec = q.spec
-  if not isinstance(spec, quant.Int4):
-    raise Unsupported(f"{spec.name}: the linear-layout kernel is W4A16 (Int4) only; other formats take XLA")
-  g = spec.group_size
+  if not isinstance(spec, (quant.Int4, quant.NVFP4)):
+    raise Unsupported(f"{spec.name}: the linear-layout kernel takes Int4 and NVFP4; other formats take XLA")
+  g = spec.block
   if g % 16 or not (g <= _BK and _BK % g == 0 or g % _BK == 0):
     raise Unsupported(f"{spec.name}: group size {g} is not a multiple of 16 that divides or is divided by "
                       f"the {_BK}-wide K step")
@@ -172,13 +181,14 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
   return LinearPlan(mt=mt, m_pad=m_pad, bk=_BK, split_k=split_k, group=g, stages=stages)
 
 
-def _codes_as_int4(c_smem):
+def _codes_as_int4(c_smem, *, flip: bool = True):
   """The uint8 code tile [64, bk/2] in SMEM as int4 q [64, bk] (two's complement) in `WGMMA_UPCAST_4X` layout.
 
   Loads the bytes in the layout that puts in each 32-bit register the 4 bytes `WGMMA_UPCAST_4X` puts its 8 nibbles
   in (the same tiling with halved columns), then per register: xor 0x88888888 (bit 3 of every nibble: the stored
   q + 8 becomes q) and a bitcast to 8 int4. One 32-bit xor per 8 codes; no copy of the codes anywhere: XLA's
   `bitcast_convert_type(uint8 -> int4)` is not a view (XLA:CPU expands it into an unpacking fusion).
+  flip=False keeps the nibbles as stored (NVFP4's E2M1 bit patterns, carried as int4 through the relayout).
   """
   from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic.gpu import fragmented_array as fa  # pylint: disable=g-import-not-at-top
@@ -203,7 +213,8 @@ def _codes_as_int4(c_smem):
     mask = arith.constant(i32, ir.IntegerAttr.get(i32, 0x88888888 - (1 << 32)))
     regs = np.empty(a.registers.shape, dtype=object)
     for idx, r in np.ndenumerate(a.registers):
-      regs[idx] = mgpu_utils.bitcast(arith.xori(mgpu_utils.bitcast(r, i32), mask), v8i4)
+      r32 = mgpu_utils.bitcast(r, i32)
+      regs[idx] = mgpu_utils.bitcast(arith.xori(r32, mask) if flip else r32, v8i4)
     want = up4.registers_shape((rows, 2 * cols))
     assert regs.shape == tuple(want), (regs.shape, want)
     return mgpu.FragmentedArray(_registers=regs, _layout=up4, _is_signed=True)
@@ -211,8 +222,60 @@ def _codes_as_int4(c_smem):
   return as_int4(raw)
 
 
-def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p: LinearPlan, has_zp: bool,
-            x_dtype, bf16_math: bool, interpret: bool):
+def e2m1_pair_bits(r, part: int, *, andi, shrui, muli, prmt, const):
+  """The bf16x2 bits of E2M1 elements (2·part, 2·part + 1) of a 32-bit register of 8 nibbles, each e2m1 · 2^-126.
+
+  The nibble's sign goes to bit 15 and its three exponent / mantissa bits to bits 8..6, the bottom of bf16's
+  exponent field and the top of its mantissa: exponent e, mantissa m read as bf16 are 2^(e−127)·(1 + m/2) for e > 0
+  and m·2^-127 for e = 0 (a bf16 subnormal), i.e. exactly e2m1 · 2^-126 (the placement Marlin-FP4 uses; the kernel
+  folds 2^126 into the block scale). Per pair: a byte permute that puts the two nibbles at bits 0..3 and 16..19
+  of an otherwise zero register, one multiply that makes the two shifted copies (·2^6 for e m, ·2^12 for the
+  sign), one mask; the two nibble masks are shared by the register's four pairs.
+
+  The ops are parameters so that the same sequence builds the kernel's MLIR and runs in NumPy in the tests:
+  andi / shrui / muli as `arith`, prmt(a, b, selector) as PTX `prmt.b32` (result byte i is byte sel_i & 7 of
+  {b, a}, or that byte's sign replicated when sel_i & 8), const(v) a 32-bit constant.
+  """
+  lo = andi(r, const(0x0F0F0F0F))  # the low nibble of each byte: elements 0, 2, 4, 6
+  hi = andi(shrui(r, const(4)), const(0x0F0F0F0F))  # the high nibbles: elements 1, 3, 5, 7
+  # byte 0 <- lo byte `part`, byte 2 <- hi byte `part`; bytes 1, 3 <- the sign of lo's byte 0: 0, as lo < 0x10.
+  pair = prmt(lo, hi, 0x8080 | part | (part + 4) << 8)
+  return andi(muli(pair, const(0x1040)), const(0x81C081C0))  # (n << 6 | n << 12) & (bits 15, 8..6) per half
+
+
+def _e2m1_as_bf16(q4):
+  """int4 [64, bk] in the `wgmma` register layout, holding E2M1 bit patterns -> bf16 e2m1 · 2^-126, exactly."""
+  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir.dialects import arith, llvm, vector  # pylint: disable=g-import-not-at-top
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
+                     return_type=plgpu.ShapeDtypeStruct(q4.shape, jnp.bfloat16, layout=plgpu.Layout.WGMMA))
+  def convert(_, a):
+    i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
+    v2bf16 = ir.VectorType.get((2,), ir.BF16Type.get())
+    const = lambda v: arith.constant(i32, ir.IntegerAttr.get(i32, v - (1 << 32) if v >= 1 << 31 else v))  # noqa: E731
+    prmt = lambda x, y, sel: llvm.inline_asm(i32, [x, y], f"prmt.b32 $0, $1, $2, {sel:#06x};", "=r,r,r")  # noqa: E731
+    ops = dict(andi=arith.andi, shrui=arith.shrui, muli=arith.muli, prmt=prmt, const=const)
+    regs = np.empty(a.registers.shape, dtype=object)
+    for idx, reg in np.ndenumerate(a.registers):
+      assert ir.VectorType(reg.type).shape == [2], reg.type
+      src = getattr(reg.owner, "opview", None)
+      if isinstance(src, vector.ExtractStridedSliceOp) and mgpu_utils.bitwidth(src.source.type) == 32:
+        # A slice of a 32-bit register (what the relayout leaves): decode in place, sharing the nibble masks.
+        r32, part = mgpu_utils.bitcast(src.source, i32), src.offsets[0].value // 2
+      else:
+        r32, part = arith.extui(i32, mgpu_utils.bitcast(reg, i8)), 0
+      regs[idx] = mgpu_utils.bitcast(e2m1_pair_bits(r32, part, **ops), v2bf16)
+    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+  return convert(q4)
+
+
+def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, xt_scr, p: LinearPlan, has_zp: bool,
+            nvfp4: bool, x_dtype, bf16_math: bool, interpret: bool):
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   z_g = rest[0] if has_zp else None
   o_g = rest[int(has_zp)]
@@ -227,6 +290,14 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
     plgpu.copy_gmem_to_smem(z_g.at[rows, cols], z_smem, bar)
   plgpu.barrier_wait(bar)
   width = p.width
+  if nvfp4:
+    # The program's e4m3 block scales, once, as bf16 s_b · 2^126 / 2^7 (exact: a power of two times an e4m3 value,
+    # inside bf16's range). The 2^126 undoes the decode's e2m1 · 2^-126 (`e2m1_pair_bits`); the interpreter decodes
+    # e2m1 itself, so there only 2^-7. Both give the wgmma e2m1 · s_b · 2^-7, and the wrapper multiplies by 2^7 · dec.
+    lift = 2.0 ** (-_NVFP4_SHIFT if interpret else 126 - _NVFP4_SHIFT)
+    sb_smem[...] = (s_smem[...].astype(jnp.float32) * lift).astype(jnp.bfloat16)
+    plgpu.commit_smem()  # every thread reads columns other threads wrote
+    s_smem = sb_smem
 
   def column(ref, col):
     """Column `col` of a [64, ns] SMEM tile as a [64] vector in the row layout of the wgmma layout."""
@@ -235,13 +306,19 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
     return plgpu.load(ref, (slice(None), col), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
 
   def decode(c_s):
-    """The [64, bk/2] uint8 code tile as q [64, bk] (bf16, exact), in the wgmma register layout."""
+    """The [64, bk/2] uint8 code tile as q [64, bk] (bf16, exact), in the wgmma register layout.
+
+    NVFP4: e2m1 · 2^-126 compiled (`e2m1_pair_bits`), e2m1 itself in the interpreter (see the scale tile above)."""
     if interpret:  # the interpreter has no register layouts; same values
       c = c_s[...].astype(jnp.int32)
-      q = jnp.stack([(c & 0xF) - 8, (c >> 4) - 8], axis=-1).reshape(c.shape[0], 2 * c.shape[1])  # 2i: low nibble
+      if nvfp4:
+        lo, hi = _e2m1(c & 0xF), _e2m1(c >> 4)
+      else:
+        lo, hi = (c & 0xF) - 8, (c >> 4) - 8
+      q = jnp.stack([lo, hi], axis=-1).reshape(c.shape[0], 2 * c.shape[1])  # element 2i: the low nibble
       return q.astype(jnp.bfloat16)
-    q = plgpu.layout_cast(_codes_as_int4(c_s), plgpu.Layout.WGMMA)
-    return q.astype(jnp.bfloat16)
+    q = plgpu.layout_cast(_codes_as_int4(c_s, flip=not nvfp4), plgpu.Layout.WGMMA)
+    return _e2m1_as_bf16(q) if nvfp4 else q.astype(jnp.bfloat16)
 
   def body(idx, x_s, c_s, acc_ref):
     (t,) = idx
@@ -285,9 +362,10 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, o_smem, bar, w_scr, xt_scr, p:
 
 def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, stages: int = _STAGES,
                   interpret: bool | None = None) -> jax.Array:
-  """x [M, K] @ ŵᵀ for w [N, K] Int4 along K -> [M, N] in x.dtype: the Mosaic GPU kernel, no autodiff.
+  """x [M, K] @ ŵᵀ for w [N, K] Int4 or NVFP4 along K -> [M, N] in x.dtype: the Mosaic GPU kernel, no autodiff.
 
-  split_k / stages: as `linear_plan` (None: the plan's choice). interpret: default True on CPU.
+  NVFP4 is `quant.qdot`'s form: dec · (x @ (e2m1 · s_b)ᵀ), bf16 activations only. split_k / stages: as
+  `linear_plan` (None: the plan's choice). interpret: default True on CPU.
   """
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   if interpret is None:
@@ -299,6 +377,10 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
     raise ValueError(f"mosaic_linear: activations {tuple(x.shape)} are not [M, K] for the weight {w.shape}")
   if x.dtype not in (jnp.bfloat16, jnp.float16):
     raise Unsupported(f"mosaic_linear: activations {x.dtype}; wgmma takes bfloat16 / float16")
+  nvfp4 = isinstance(w.spec, quant.NVFP4)
+  if nvfp4 and x.dtype != jnp.bfloat16:
+    # s_b · 2^126 has no float16 form (its range ends at 2^16): the decode's scale fold needs bf16.
+    raise Unsupported(f"mosaic_linear: NVFP4 takes bfloat16 activations; got {x.dtype}")
   m, k = x.shape
   n = w.shape[0]
   p = linear_plan(m, k, n, w, split_k=split_k, stages=stages)
@@ -309,6 +391,7 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   scratch = dict(
       s_smem=plgpu.SMEM((WGMMA_M, ns), w.scale.dtype),
       z_smem=plgpu.SMEM((WGMMA_M, ns if has_zp else 16), jnp.int8),
+      sb_smem=plgpu.SMEM((WGMMA_M, ns if nvfp4 else 16), jnp.bfloat16),  # NVFP4's scales as bf16
       o_smem=plgpu.SMEM((WGMMA_M, p.mt), jnp.float32),
       bar=plgpu.Barrier(num_arrivals=2 if has_zp else 1),  # the scale copy [and the zero-point copy]
       # The interpreter's wgmma operands (unused when compiled: a few KiB of SMEM).
@@ -319,8 +402,8 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   if interpret:
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # pylint: disable=g-import-not-at-top
     kwargs["interpret"] = InterpretGPUParams()
-  kernel = functools.partial(_kernel, p=p, has_zp=has_zp, x_dtype=x.dtype, bf16_math=bf16_math,
-                             interpret=interpret)
+  kernel = functools.partial(_kernel, p=p, has_zp=has_zp, nvfp4=nvfp4, x_dtype=x.dtype,
+                             bf16_math=bf16_math or nvfp4, interpret=interpret)
   call = plgpu.kernel(
       kernel,
       out_type=jax.ShapeDtypeStruct((p.split_k, n, p.m_pad), jnp.float32),
@@ -330,7 +413,10 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
       **kwargs,
   )
   operands = [xp, w.codes, w.scale] + ([w.zero_point] if has_zp else [])
-  return call(*operands).sum(axis=0)[:, :m].T.astype(x.dtype)
+  y = call(*operands).sum(axis=0)[:, :m].T
+  if nvfp4:  # the wgmma summed e2m1 · s_b · 2^-7 (see `_kernel`): 2^7 and dec, once, as `quant.qdot` applies dec
+    y = y * (w.global_scale.astype(jnp.float32) * 2.0 ** _NVFP4_SHIFT)
+  return y.astype(x.dtype)
 
 
 def xla_linear(x: jax.Array, w: quant.QArray) -> jax.Array:
@@ -366,6 +452,8 @@ def supported_linear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> Su
     why = f"weight of shape {w.shape} quantized along axis {w.axis}; the kernel takes one [N, K] along K"
   elif x.dtype not in (jnp.bfloat16, jnp.float16):
     why = f"activation dtype {x.dtype}: wgmma takes bfloat16 / float16 (no exact float32 form)"
+  elif isinstance(w.spec, quant.NVFP4) and x.dtype != jnp.bfloat16:
+    why = f"activation dtype {x.dtype}: the NVFP4 decode folds 2^126 into bf16 block scales (bfloat16 only)"
   elif backend != "cpu":
     cc = dispatch._gpu_compute_capability()  # pylint: disable=protected-access
     if cc is not None and cc < 9.0:

@@ -11,6 +11,7 @@ and H200 figures as the Triton model). An estimate of the machine code, not a co
 
 from __future__ import annotations
 
+import itertools
 import re
 import types
 
@@ -20,7 +21,9 @@ import jax.numpy as jnp
 from lrl_jax import quant
 from lrl_jax.kernels.linear import WGMMA_M, linear_layout, linear_plan, mosaic_linear
 
-__all__ = ["lowered_kernel", "loop_op_mix", "predicted", "main"]
+__all__ = ["FORMATS", "lowered_kernel", "loop_op_mix", "predicted", "main"]
+
+FORMATS = {"int4_g128": quant.Int4(), "nvfp4": quant.NVFP4()}  # what the linear-layout kernel takes
 
 
 def lowered_kernel(x: jax.ShapeDtypeStruct, w, **kwargs) -> str:
@@ -78,7 +81,7 @@ def _kind(line: str) -> str | None:
     return "shuffle"
   if re.search(r"= llvm\.load .*!llvm\.ptr<3>", line):
     return "smem_ld"
-  if re.search(r"= arith\.(xori|andi|ori|shrui|shli|select)\b.*: i32$", line):
+  if re.search(r"= arith\.(xori|andi|ori|shrui|shli|select|muli)\b.*: i32$", line):
     return "int32"
   if re.search(r"= arith\.(mulf|subf|addf)\b.*vector<2xbf16>", line):
     return "bf16x2"
@@ -95,9 +98,10 @@ def loop_op_mix(text: str, *, optimized: bool = False) -> dict[str, int]:
   operands are all loop-invariant: lane-index arithmetic, its selects) and counts repeats of a pure op on the same
   operands once (CSE; views of one register are looked through). Kinds:
     convert  Mosaic GPU's int4 -> bf16 pair conversions (inline PTX: prmt, lop3, sub.bf16x2 each)
-    permute  byte permutes of the relayout to the wgmma layout (prmt)
+    permute  byte permutes (prmt): of the relayout to the wgmma layout, and NVFP4's one per pair of codes
     shuffle  warp shuffles of the relayout (shfl.sync)
-    int32    32-bit integer / logic ops (nibble-sign flips, shifts, swizzled addresses, selects)
+    int32    32-bit integer / logic ops (nibble-sign flips, NVFP4's bit placement, shifts, swizzled addresses,
+             selects)
     bf16x2   packed bf16 arithmetic (scale multiply, zero-point subtract)
     f32      f32 arithmetic and conversions (non-bf16 paths)
     smem_ld  loads from shared memory (codes, scales)
@@ -137,7 +141,7 @@ def loop_op_mix(text: str, *, optimized: bool = False) -> dict[str, int]:
   return mix
 
 
-def predicted(m: int, k: int, n: int, spec: quant.Int4 = quant.Int4(), dtype=jnp.bfloat16, *, split_k=None,
+def predicted(m: int, k: int, n: int, spec: quant.Spec = quant.Int4(), dtype=jnp.bfloat16, *, split_k=None,
               optimized: bool = False, text: str | None = None):
   """The static roofline of `triton_aot.issue_model` (H200: pipe rates, 132 SMs, 4.8 TB/s) fed with `loop_op_mix`.
 
@@ -174,24 +178,25 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="python -m lrl_jax.kernels.mosaic_model", description=main.__doc__)
   ap.add_argument("--shapes", default="4096x4096,4096x14336,8192x8192")
   ap.add_argument("--m", default="1,16,64")
+  ap.add_argument("--formats", default="int4_g128,nvfp4", help=f"subset of {','.join(FORMATS)}")
   a = ap.parse_args(argv)
-  print("| K x N | M | split-K | convert | permute | shuffle | int32 (opt) | bf16x2 | smem ld | wgmma "
+  print("| K x N | M | format | split-K | convert | permute | shuffle | int32 (opt) | bf16x2 | smem ld | wgmma "
         "| int / code (opt) | all / code (opt) | bound (opt) | predicted share of HBM: raw | opt |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-  for shape in a.shapes.split(","):
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for shape, m, fmt in itertools.product(a.shapes.split(","), a.m.split(","), a.formats.split(",")):
     k, n = (int(v) for v in shape.lower().split("x"))
-    for m in (int(v) for v in a.m.split(",")):
-      w = jax.eval_shape(lambda w: linear_layout(quant.quantize(w, quant.Int4(), axis=-2)),
-                         jax.ShapeDtypeStruct((k, n), jnp.float32))
-      text = lowered_kernel(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), w)
-      mix, raw = predicted(m, k, n, text=text)
-      opt_mix, opt = predicted(m, k, n, optimized=True, text=text)
-      p = linear_plan(m, k, n, w)
-      print(f"| {k}x{n} | {m} | {p.split_k} | {mix['convert']} | {mix['permute']} | {mix['shuffle']} | "
-            f"{mix['int32']} ({opt_mix['int32']}) | {mix['bf16x2']} | {mix['smem_ld']} | {mix['wgmma']} | "
-            f"{raw.per_weight['int']:.2f} ({opt.per_weight['int']:.2f}) | "
-            f"{raw.per_weight['issue']:.2f} ({opt.per_weight['issue']:.2f}) | {raw.bound} ({opt.bound}) | "
-            f"{raw.hbm_fraction:.0%} | {opt.hbm_fraction:.0%} |")
+    m, spec = int(m), FORMATS[fmt]
+    w = jax.eval_shape(lambda w, spec=spec: linear_layout(quant.quantize(w, spec, axis=-2)),
+                       jax.ShapeDtypeStruct((k, n), jnp.float32))
+    text = lowered_kernel(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), w)
+    mix, raw = predicted(m, k, n, spec, text=text)
+    opt_mix, opt = predicted(m, k, n, spec, optimized=True, text=text)
+    p = linear_plan(m, k, n, w)
+    print(f"| {k}x{n} | {m} | {fmt} | {p.split_k} | {mix['convert']} | {mix['permute']} | {mix['shuffle']} | "
+          f"{mix['int32']} ({opt_mix['int32']}) | {mix['bf16x2']} | {mix['smem_ld']} | {mix['wgmma']} | "
+          f"{raw.per_weight['int']:.2f} ({opt.per_weight['int']:.2f}) | "
+          f"{raw.per_weight['issue']:.2f} ({opt.per_weight['issue']:.2f}) | {raw.bound} ({opt.bound}) | "
+          f"{raw.hbm_fraction:.0%} | {opt.hbm_fraction:.0%} |")
   return 0
 
 

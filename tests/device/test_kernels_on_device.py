@@ -24,6 +24,13 @@ SPECS = {"int4_g128": quant.Int4(group_size=128), "int4_g32_minmax": quant.Int4(
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2.0 ** -7}  # device dots: f32 sums in any order; bf16 output rounding
 
 
+def _served(q, dtype):
+  """ŵ as the served matmul multiplies by it (`quant.qdot`), float64: rounded to the activation dtype; NVFP4
+  unrounded (e2m1 · s_b is exact, dec multiplies the f32 sum)."""
+  nvfp4 = isinstance(q.spec, quant.NVFP4)
+  return np.asarray(quant.dequantize(q, jnp.float32 if nvfp4 else dtype).astype(jnp.float32), np.float64)
+
+
 @pytest.mark.parametrize("m", [1, 16, 100])
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("fmt", list(SPECS))
@@ -40,7 +47,7 @@ def test_compiled_kernel_matches_float64(fmt, dtype, m):
     pytest.fail(f"{fmt}: qmatmul's choice on {jax.default_backend()} is wrong: {sup}")
   x = jnp.asarray(rng.standard_normal((m, k)), dtype)
   y = np.asarray(jax.jit(pallas_matmul)(x, q).astype(jnp.float32), np.float64)
-  w_hat = np.asarray(quant.dequantize(q, dtype).astype(jnp.float32), np.float64)  # ŵ rounded to x.dtype
+  w_hat = _served(q, dtype)
   x64 = np.asarray(x.astype(jnp.float32), np.float64)
   bound = TOL[dtype] * (np.abs(x64) @ np.abs(w_hat)) + 1e-30
   err = np.abs(y - x64 @ w_hat)
@@ -69,7 +76,7 @@ def test_mosaic_gpu_kernel_matches_float64(fmt, m):
   q = quant.quantize(jnp.asarray(w), SPECS[fmt], axis=-2)
   x = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   y = np.asarray(jax.jit(lambda x, q: pallas_matmul(x, q, target="mosaic_gpu"))(x, q).astype(jnp.float32), np.float64)
-  w_hat = np.asarray(quant.dequantize(q, jnp.bfloat16).astype(jnp.float32), np.float64)
+  w_hat = _served(q, jnp.bfloat16)
   x64 = np.asarray(x.astype(jnp.float32), np.float64)
   bound = TOL[jnp.bfloat16] * (np.abs(x64) @ np.abs(w_hat)) + 1e-30
   err = np.abs(y - x64 @ w_hat)
@@ -77,19 +84,21 @@ def test_mosaic_gpu_kernel_matches_float64(fmt, m):
 
 
 LINEAR_SPECS = {"int4_g128": quant.Int4(group_size=128), "int4_g32": quant.Int4(group_size=32),
-                "int4_g64_minmax": quant.Int4(group_size=64, scheme="minmax")}
+                "int4_g64_minmax": quant.Int4(group_size=64, scheme="minmax"), "nvfp4": quant.NVFP4()}
 
 
 LINEAR_CASES = [("int4_g128", 1, jnp.bfloat16), ("int4_g128", 16, jnp.bfloat16), ("int4_g128", 100, jnp.bfloat16),
                 ("int4_g128", 1, jnp.float16), ("int4_g32", 1, jnp.bfloat16), ("int4_g32", 100, jnp.bfloat16),
-                ("int4_g64_minmax", 16, jnp.bfloat16), ("int4_g64_minmax", 3, jnp.float16)]
+                ("int4_g64_minmax", 16, jnp.bfloat16), ("int4_g64_minmax", 3, jnp.float16),
+                ("nvfp4", 1, jnp.bfloat16), ("nvfp4", 16, jnp.bfloat16), ("nvfp4", 100, jnp.bfloat16)]
 
 
 @pytest.mark.parametrize("fmt,m,dtype", LINEAR_CASES)
 def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
   """`qlinear` on the nn.Linear layout [N, K] (kernels/linear.py): ŵᵀ decoded in registers as wgmma's left operand.
   Also the first run of the in-register reinterpretation of the code bytes as int4 (element 2i from the low nibble),
-  which interpret mode cannot execute."""
+  which interpret mode cannot execute, and of NVFP4's bit-placed E2M1 decode (`linear.e2m1_pair_bits`: the ±0.5
+  codes are bf16 subnormals before the scale multiply, which the GPU must keep)."""
   from lrl_jax.kernels import linear as lin  # pylint: disable=g-import-not-at-top
   _require_hopper("the linear-layout kernel")
   k, n = 4096, 2048
@@ -100,7 +109,7 @@ def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
   assert sup.pallas and sup.path == "pallas-mosaic-gpu", sup
   x = jnp.asarray(rng.standard_normal((m, k)), dtype)
   y = np.asarray(jax.jit(lin.qlinear)(x, t).astype(jnp.float32), np.float64)
-  w_hat = np.asarray(quant.dequantize(t, dtype).astype(jnp.float32), np.float64).T  # [K, N]
+  w_hat = _served(t, dtype).T  # [K, N]
   x64 = np.asarray(x.astype(jnp.float32), np.float64)
   bound = TOL[jnp.bfloat16] * (np.abs(x64) @ np.abs(w_hat)) + 1e-30
   err = np.abs(y - x64 @ w_hat)
