@@ -1,6 +1,7 @@
 """lrl_jax.kernels — low-bit matmuls that read QArray codes directly.
 
-`qmatmul(x, q)` computes `x @ dequantize(q, x.dtype)` for a weight QArray q of logical
+`qmatmul(x, q)` computes `quant.qdot(x, q)` (x @ dequantize(q, x.dtype); NVFP4's per-matrix scale after
+the sum) for a weight QArray q of logical
 shape [K, N] quantized along its contraction axis (axis=-2): a Pallas kernel on TPU / GPU
 when `supported(x, q)` says so, the XLA dequantize-then-dot otherwise (and on CPU).
 `w4a16_matmul`, `nvfp4_matmul` and `fp8_matmul` call the kernels directly. `qlinear(x, w)` is the same

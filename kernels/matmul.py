@@ -5,13 +5,13 @@ written to HBM. One kernel body serves every format; only the decoding of a tile
 codes and of its scales differs:
 
   Int4(G)  ŵ = (nibble − 8 − z) · f32(s)           codes uint8 [K/2, N], s [K/G, N], z int8 [K/G, N] or none
-  NVFP4    ŵ = e2m1(nibble) · f32(s_b) · dec       codes uint8 [K/2, N], s_b e4m3 [K/16, N], dec f32
+  NVFP4    ŵ = e2m1(nibble) · f32(s_b), then · dec codes uint8 [K/2, N], s_b e4m3 [K/16, N], dec f32 (after the sum)
   FP8      ŵ = f32(code) · s                       codes e4m3 [K, N], s f32 [1, N] or [K/b, N/b]
   MXFP8    ŵ = f32(code) · 2^(e − 127)             codes e4m3 [K, N], e uint8 view of e8m0 [K/32, N]
 
 The tile ŵ is rounded once to x.dtype (exactly what `dequantize(q, x.dtype)` gives,
-multiplication order included) and fed to a dot with f32 accumulation, so a kernel
-differs from the XLA path `x @ dequantize(q, x.dtype)` only in summation order.
+multiplication order included; NVFP4's e2m1 · s_b needs no rounding) and fed to a dot with f32
+accumulation, so a kernel differs from the XLA path `quant.qdot(x, q)` only in summation order.
 
 Packed formats hold elements 2i and 2i+1 of K in the low and high nibble of byte
 row i. Rather than interleave the two nibble planes in-kernel (a lane shuffle), the
@@ -462,9 +462,10 @@ def nvfp4_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockCon
                  target: Target | None = None, interpret: bool | None = None) -> jax.Array:
   """x [..., K] @ NVFP4 weights [K, N] -> [..., N] in x.dtype.
 
-  E2M1 nibbles are decoded arithmetically, scaled by their E4M3 block scale and the f32
-  per-matrix scale, rounded to x.dtype and fed to a bf16/f32 dot (Hopper has no FP4 tensor
-  cores; this is the Marlin-FP4 scheme). See `pallas_matmul` for the arguments.
+  E2M1 nibbles are decoded arithmetically and scaled by their E4M3 block scale (exact in
+  bf16 / f16 / f32), fed to a dot with f32 accumulation (Hopper has no FP4 tensor cores; this
+  is the Marlin-FP4 scheme), and the f32 sum is multiplied by the per-matrix scale once
+  (`quant.qdot`). See `pallas_matmul` for the arguments.
   """
   _check(x, q, (quant.NVFP4,), "nvfp4_matmul")
   return pallas_matmul(x, q, block=block, target=target, interpret=interpret)
