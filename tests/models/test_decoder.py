@@ -189,6 +189,9 @@ def test_qat_forward_equals_fake_quantized_params(spec):
     served, _ = fwd(jax.jit(quant.quantize_params, static_argnums=1)(params, rules), tokens, cfg)
     np.testing.assert_array_equal(qat, served)
     np.testing.assert_allclose(qat, fq, rtol=0, atol=1e-5 * np.abs(np.asarray(fq)).max())
+    # QAT fading in (learner.qat_warmup_steps): fully faded in it is the served dot again; at 0 the plain one.
+    np.testing.assert_array_equal(fwd(params, tokens, cfg, qat_rules=rules, qat_alpha=1.0)[0], qat)
+    np.testing.assert_array_equal(fwd(params, tokens, cfg, qat_rules=rules, qat_alpha=0.0)[0], plain)
   else:
     np.testing.assert_array_equal(qat, fq)  # same weights, same dots: bit for bit
 
