@@ -76,6 +76,10 @@ _MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256
 # split_k (scripts/device_check.sh).
 _MAX_PROGRAMS = 528
 _STAGES = 4
+# Shared memory one program may have on sm_90 (227 KiB), less a margin for what `_smem_bytes` does not count
+# (barriers, alignment, the interpreter's unused scratch: the lowered kernels of tests/kernels/test_linear.py took
+# 3-5 KiB more than the count).
+_SMEM_BUDGET = (227 - 8) * 1024
 _TMA_BOX = 256  # elements per dimension of one TMA copy
 # NVFP4's wgmma operand is e2m1 · s_b · 2^-_NVFP4_SHIFT: bf16 s_b · 2^126 would overflow for s_b > 2^1.99.
 _NVFP4_SHIFT = 7
@@ -132,11 +136,19 @@ class LinearPlan:
     return self.bk // self.slices
 
 
+def _smem_bytes(mt: int, stages: int, ns: int, scale_bytes: int, *, has_zp: bool, nvfp4: bool) -> int:
+  """Shared memory of one program: the pipelined activation and code tiles, the program's scales (NVFP4: also
+  their bf16 form; zero points), and the f32 output tile."""
+  per_step = mt * _BK * 2 + WGMMA_M * _BK // 2
+  return (stages * per_step + WGMMA_M * ns * (scale_bytes + 2 * nvfp4 + has_zp) + WGMMA_M * mt * 4)
+
+
 def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None = None,
-                stages: int = _STAGES) -> LinearPlan:
+                stages: int | None = None) -> LinearPlan:
   """The tile plan of x [m, k] @ ŵᵀ for w [n, k], or `Unsupported` naming what does not fit.
 
-  split_k: programs per output tile along K; None picks it (see `_MAX_PROGRAMS`). stages: steps in flight.
+  split_k: programs per output tile along K; None picks it (see `_MAX_PROGRAMS`). stages: steps in flight; None:
+  4, or as many as shared memory holds (at least 2).
   """
   spec = q.spec
   if not isinstance(spec, (quant.Int4, quant.NVFP4)):
@@ -176,8 +188,17 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
   if k // split_k // g > _TMA_BOX:
     raise Unsupported(f"{spec.name}: {k // split_k // g} scale columns per program (K={k}, G={g}, "
                       f"split_k={split_k}); one TMA copy takes at most {_TMA_BOX}")
+  smem = functools.partial(_smem_bytes, mt, ns=k // split_k // g, scale_bytes=sbytes,
+                           has_zp=q.zero_point is not None, nvfp4=isinstance(spec, quant.NVFP4))
+  if stages is None:
+    stages = _STAGES
+    while stages > 2 and smem(stages) > _SMEM_BUDGET:
+      stages -= 1
   if stages < 1:
     raise Unsupported(f"{spec.name}: stages={stages}; at least 1 step in flight")
+  if smem(stages) > _SMEM_BUDGET:
+    raise Unsupported(f"{spec.name}: {smem(stages) // 1024} KiB of shared memory per program (M={m}, K={k}, "
+                      f"split_k={split_k}, stages={stages}); sm_90 allows {_SMEM_BUDGET // 1024} with margin")
   return LinearPlan(mt=mt, m_pad=m_pad, bk=_BK, split_k=split_k, group=g, stages=stages)
 
 
@@ -360,7 +381,7 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, x
   plgpu.wait_smem_to_gmem(0)
 
 
-def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, stages: int = _STAGES,
+def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, stages: int | None = None,
                   interpret: bool | None = None) -> jax.Array:
   """x [M, K] @ ŵᵀ for w [N, K] Int4 or NVFP4 along K -> [M, N] in x.dtype: the Mosaic GPU kernel, no autodiff.
 

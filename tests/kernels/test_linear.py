@@ -193,6 +193,20 @@ def test_scale_columns_fit_one_tma_copy():
                                         platforms=["cuda"])(jax.ShapeDtypeStruct((1, 8192), jnp.bfloat16), t).mlir_module()
 
 
+def test_pipeline_depth_fits_shared_memory():
+  """Prefill-sized M with 256 NVFP4 scale columns per program (found by the lowering sweep: 227 KiB + 40 bytes at 4
+  steps in flight): the plan keeps 3 steps, says why 4 do not fit, and the kernel lowers within sm_90's limit."""
+  t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, quant.NVFP4(), axis=-2)),
+                     jax.ShapeDtypeStruct((8192, 28672), jnp.float32))
+  p = lin.linear_plan(300, 8192, 28672, t)
+  assert (p.mt, p.split_k, p.stages, 8192 // p.split_k // 16) == (128, 2, 3, 256)
+  with pytest.raises(Unsupported, match=r"KiB of shared memory per program .*stages=4"):
+    lin.linear_plan(300, 8192, 28672, t, stages=4)
+  x = jax.ShapeDtypeStruct((300, 8192), jnp.bfloat16)
+  assert mg.lowered_smem_bytes(lambda x, t: lin.mosaic_linear(x, t, interpret=False), x, t) <= 227 * 1024
+  assert lin.linear_plan(1, 8192, 8192, t).stages == 4  # decode keeps the full depth
+
+
 def test_split_k_override_is_checked():
   t = _pair(quant.Int4(group_size=32), 1024)[1]
   with pytest.raises(Unsupported, match="split_k=3"):
@@ -300,8 +314,9 @@ def test_op_mix_cse_and_hoisting_on_a_synthetic_loop():
 
 @pytest.mark.slow
 def test_lowering_sweep():
-  """70 random configurations (seed 0) of K, N, G, M, zero points and activation dtype: every plan the kernel accepts
-  lowers for cuda (the sweep that found the 256-element TMA box limit); the rest are refused with a reason."""
+  """70 random configurations (seed 0) of K, N, G, M, zero points and activation dtype, and 20 of NVFP4: every plan
+  the kernel accepts lowers for cuda (the sweep that found the 256-element TMA box limit); the rest are refused with
+  a reason."""
   import itertools  # pylint: disable=g-import-not-at-top
   import random  # pylint: disable=g-import-not-at-top
   combos = list(itertools.product([1024, 2048, 4096, 8192, 14336, 16384], [64, 512, 4096, 14336, 28672],
@@ -322,6 +337,24 @@ def test_lowering_sweep():
     assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(jax.ShapeDtypeStruct((m, k), dtype), t).mlir_module()
     lowered += 1
   assert lowered >= 60
+  # NVFP4 (bf16 activations): 20 configurations of K, N, M.
+  nv = list(itertools.product([1024, 2048, 4096, 8192, 14336, 16384], [64, 512, 4096, 14336, 28672],
+                              [1, 8, 17, 64, 100, 128, 300, 512]))
+  random.Random(1).shuffle(nv)
+  lowered = 0
+  for k, n, m in nv[:20]:
+    t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, quant.NVFP4(), axis=-2)),
+                       jax.ShapeDtypeStruct((k, n), jnp.float32))
+    try:
+      lin.linear_plan(m, k, n, t)
+    except Unsupported as e:
+      assert str(e)
+      continue
+    f = jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False))
+    x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
+    assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(x, t).mlir_module()
+    lowered += 1
+  assert lowered >= 15
 
 
 def _prmt(a, b, sel):
