@@ -1,6 +1,7 @@
 """The notebooks in notebooks/: stored without outputs, and each executes headless (LRL_NB_SMALL=1)."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -50,8 +51,13 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
   nb = nbformat.read(path, as_version=4)
   monkeypatch.setenv("LRL_NB_SMALL", "1")  # the kernel inherits this process's environment
   monkeypatch.setenv("MPLBACKEND", "Agg")
-  # conftest's 8 fake host devices are not wanted in the kernel (a notebook runs as a user's would)
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  # conftest's 8 fake host devices are not wanted in the kernel (a notebook runs as a user's would); its other
+  # XLA flags (the faster compile) are
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
+  if flags:
+    monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
+  else:
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
   # Kernel "python3" must run THIS interpreter (the venv with lrl_jax), whatever kernelspecs the machine has:
   # a spec in JUPYTER_PATH takes precedence over user / system ones. The notebook's cwd is the repo root.
   spec_dir = tmp_path / "jupyter" / "kernels" / "python3"

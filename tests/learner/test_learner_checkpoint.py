@@ -84,7 +84,9 @@ def test_restore_latest_empty_and_bad_step(tmp_path):
 def test_sigkill_during_save_resumes_from_last_complete(tmp_path):
   directory = str(tmp_path / "ckpt")
   child = os.path.join(os.path.dirname(__file__), "_ckpt_child.py")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  # one device in the child; conftest's other XLA flags too, so that its init compiles like ours (bit for bit)
+  flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
+  env = dict(os.environ, XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=1", *flags]))
   proc = subprocess.Popen([sys.executable, child, directory], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env)
   lines = []
