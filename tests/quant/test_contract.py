@@ -1,5 +1,7 @@
 """The contract: quantize matches a NumPy reference bit for bit, fake_quant == dequantize(quantize)."""
 
+import functools
+
 import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
@@ -32,7 +34,8 @@ _quantize = jax.jit(quant.quantize, static_argnames=("spec", "axis"))
 _dequantize = jax.jit(quant.dequantize, static_argnames=("dtype",))
 
 
-def _fq_jit(spec, axis):
+@functools.lru_cache(maxsize=None)
+def _fq_jit(spec, axis):  # one jit per (spec, axis): a fresh lambda per call would recompile every time
   return jax.jit(lambda x: quant.fake_quant(x, spec, axis=axis))
 
 
@@ -210,10 +213,11 @@ def test_nan_stays_in_its_group():
 def test_stacked_equals_per_matrix():
   x = jax.random.normal(jax.random.key(0), (3, 128, 32))
   for spec in HYPOTHESIS_SPECS:
-    stacked = _dequantize(_quantize(x, spec, axis=-2))
+    q = _quantize(x, spec, axis=-2)
+    stacked = _dequantize(q)
     per = jnp.stack([_dequantize(_quantize(x[i], spec, axis=0)) for i in range(3)])
     _same(stacked, per)
-    sliced = jax.lax.scan(lambda c, q: (c, _dequantize(q)), 0, quant.quantize(x, spec, axis=-2))[1]
+    sliced = jax.lax.scan(lambda c, q: (c, _dequantize(q)), 0, q)[1]  # a scan slices the stacked QArray
     _same(sliced, per)
 
 
