@@ -23,14 +23,20 @@ RL_KEYS = ["reward_mean", "reward_std", "accuracy", "response_len", "entropy", "
            "time/sync_s", "tokens_per_s", "reward_failed"]
 
 
+# Every default test's run has 4 RL steps: the cosine schedule's length (`run.steps`) is part of the compiled
+# learner step, so that one compile (per process) serves them all.
+STEPS = "run.steps=4"
+
+
 def _cfg(tmp_path, name, *extra):
   return load_config(QS, SMALL + [f"run.out_dir={tmp_path / name}", *extra])
 
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
+  """One full run (export included), checkpointed every 2 steps: the uninterrupted run of the resume test."""
   tmp = tmp_path_factory.mktemp("rl")
-  cfg = _cfg(tmp, "run", "run.steps=3")
+  cfg = _cfg(tmp, "run", STEPS, "run.ckpt_every=2")
   return cfg, train(cfg, progress=False)
 
 
@@ -38,7 +44,7 @@ def test_end_to_end_run_writes_finite_metrics_and_outputs(e2e):
   cfg, r = e2e
   recs = read_metrics(r.paths["metrics"])
   rl = [x for x in recs if x["phase"] == "rl"]
-  assert [x["step"] for x in rl] == [0, 1, 2] and r.steps == 3
+  assert [x["step"] for x in rl] == [0, 1, 2, 3] and r.steps == 4
   for rec in rl:
     for k in RL_KEYS:
       assert k in rec and rec[k] is not None and math.isfinite(rec[k]), (k, rec.get(k))
@@ -46,12 +52,12 @@ def test_end_to_end_run_writes_finite_metrics_and_outputs(e2e):
     assert rec["accuracy"] == pytest.approx(rec["reward_mean"])
     assert 0 <= rec["mismatch/prob_abs_diff_mean"] <= rec["mismatch/prob_abs_diff_max"] <= 1
   evals = [x for x in recs if x["phase"] == "eval"]
-  assert [x["step"] for x in evals] == [0, 2, 3]
+  assert [x["step"] for x in evals] == [0, 2, 4]
   assert r.accuracy_before == evals[0]["eval_accuracy"] and r.accuracy_after == evals[-1]["eval_accuracy"]
   out = r.out_dir
   for f in ("summary.md", "reward.png", "mismatch.png", "config.yaml", "export_int4/config.json"):
     assert (out / f).is_file(), f
-  assert L.Checkpointer(out / "checkpoints").latest_step() == 3  # K = 1 update per RL step
+  assert L.Checkpointer(out / "checkpoints").latest_step() == 4  # K = 1 update per RL step
   # INT4 QAT learner + INT4 sampler, both in f32: π and μ share their weights; only op order differs.
   assert r.mismatch_mean < 1e-4
 
@@ -79,9 +85,9 @@ def test_cli_eval_and_export(e2e, tmp_path, capsys):
   assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"].spec, quant.NVFP4)
 
 
-def test_resume_gives_the_same_next_step_metrics(tmp_path):
-  full = train(_cfg(tmp_path, "a", "run.steps=4", "run.ckpt_every=2"), progress=False, export=False)
-  cfg_b = _cfg(tmp_path, "b", "run.steps=4", "run.ckpt_every=2")
+def test_resume_gives_the_same_next_step_metrics(e2e, tmp_path):
+  full = e2e[1]  # the same config, uninterrupted (its export comes after the last step)
+  cfg_b = _cfg(tmp_path, "b", STEPS, "run.ckpt_every=2")
   with pytest.raises(KeyboardInterrupt):
     train(cfg_b, progress=False, export=False, _fail_after=2)  # dies before step 2; checkpoint at step 2
   resumed = train(cfg_b, resume=True, progress=False, export=False)
@@ -129,18 +135,18 @@ def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
     return dataclasses.replace(s, task=broken["task"])
 
   monkeypatch.setattr(loop, "build_model", build)
-  r = train(_cfg(tmp_path, "broken", "run.steps=2", "run.eval_every=0"), progress=False, export=False)
-  assert r.steps == 2
-  calls = broken["task"].calls  # eval (16) + 2 steps x 16 rollouts + final eval (16), in order
-  assert len(calls) == 16 + 32 + 16
+  r = train(_cfg(tmp_path, "broken", STEPS, "run.eval_every=0"), progress=False, export=False)
+  assert r.steps == 4
+  calls = broken["task"].calls  # eval (16) + 4 steps x 16 rollouts + final eval (16), in order
+  assert len(calls) == 16 + 64 + 16
   for k, rec in enumerate(r.records):
     batch = calls[16 + 16 * k: 32 + 16 * k]
     assert rec["reward_failed"] == sum(len(c) % 2 for c in batch)
-  assert r.reward_failures == sum(len(c) % 2 for c in calls[16:48])
+  assert r.reward_failures == sum(len(c) % 2 for c in calls[16:80])
 
 
 def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-  cfg = _cfg(tmp_path, "nan", "run.steps=6", "run.ckpt_every=1", "run.max_nonfinite_steps=2", "run.eval_every=0")
+  cfg = _cfg(tmp_path, "nan", STEPS, "run.ckpt_every=1", "run.max_nonfinite_steps=2", "run.eval_every=0")
   real = loop.group_advantages
 
   def poisoned(rewards, cfg_):
@@ -164,9 +170,9 @@ def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, m
 def test_off_policy_generates_with_the_previous_weights(tmp_path):
   # format_reward: well-formed wrong answers score 0.5, so that even the barely warmed-up model gets
   # non-zero advantages and its weights move between steps.
-  r = train(_cfg(tmp_path, "off", "run.steps=3", "run.off_policy=true", "run.eval_every=0", "task.format_reward=0.5"),
+  r = train(_cfg(tmp_path, "off", STEPS, "run.off_policy=true", "run.eval_every=0", "task.format_reward=0.5"),
             progress=False, export=False)
-  assert [x["policy_lag"] for x in r.records] == [0, 1, 1]
+  assert [x["policy_lag"] for x in r.records] == [0, 1, 1, 1]
   # one-step-stale μ: the mismatch is the size of one update, far above the QAT round-off of step 0
   assert r.records[1]["mismatch/prob_abs_diff_mean"] > 100 * max(r.records[0]["mismatch/prob_abs_diff_mean"], 1e-9)
 
@@ -252,10 +258,11 @@ def test_hf_checkpoint_source_runs_the_loop(tmp_path):
 
 
 def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
-  cfg = _cfg(tmp_path, "again", "run.steps=2", "run.ckpt_every=1", "run.eval_every=0")
+  cfg = _cfg(tmp_path, "again", STEPS, "run.ckpt_every=1", "run.eval_every=0")
   train(cfg, progress=False, export=False)
-  assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [1, 2]
-  r = train(load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", "run.steps=1", "run.eval_every=0"]),
+  assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [2, 3, 4]  # the newest 3 are kept
+  # the same directory, checkpointed only at the end: kept stale steps would show (and block a save at 4)
+  r = train(load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", STEPS, "run.eval_every=0"]),
             progress=False, export=False)
-  assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [1]
-  assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0]
+  assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [4]
+  assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0, 1, 2, 3]
