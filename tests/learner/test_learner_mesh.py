@@ -46,8 +46,9 @@ def test_param_shardings_float_and_served(mesh):
   assert sh["embed"]["embedding"].spec == P("tensor", "fsdp")
   assert sh["layers"]["mlp"]["down_proj"]["kernel"].spec == P(None, "tensor", "fsdp")
   assert sh["layers"]["input_norm"]["scale"].spec == P(None, "fsdp")
-  served = quant.quantize_params(models.init_params(MC, jax.random.PRNGKey(0)),
-                                 quant.QuantRules.default(quant.Int4(group_size=32)))
+  rules = quant.QuantRules.default(quant.Int4(group_size=32))
+  # one compiled program (op by op, every leaf's quantize would compile its own dozen small ones)
+  served = jax.jit(lambda p: quant.quantize_params(p, rules))(models.init_params(MC, jax.random.PRNGKey(0)))
   ssh = L.param_shardings(served, mesh)
   q = ssh["layers"]["attn"]["q_proj"]["kernel"]
   assert isinstance(q, quant.QArray)

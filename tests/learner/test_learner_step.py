@@ -168,12 +168,13 @@ def test_nan_guard_skips_and_counts():
 def test_lora_only_trains_adapters_over_frozen_base(base):
   cfg = L.LearnerConfig(lr=1e-2, compute_dtype="float32", qat=quant.Int4(group_size=32) if base == "float" else None)
   params = models.init_params(MC, jax.random.PRNGKey(5))
-  if base == "int4-served":
-    params = quant.quantize_params(params, quant.QuantRules.default(quant.Int4(group_size=32)))
+  if base == "int4-served":  # under jit: one compiled program each, not a dozen small ones per leaf
+    rules = quant.QuantRules.default(quant.Int4(group_size=32))
+    params = jax.jit(lambda p: quant.quantize_params(p, rules))(params)
   state = L.create_train_state(KEY, MC, cfg, params=params, lora=models.LoraConfig(rank=4))
   assert state.trainable == "lora"
   base0, lora0 = host(state.params), host(state.lora.params)
-  batch = make_batch(1, MC, quant.dequantize_params(params))
+  batch = make_batch(1, MC, jax.jit(quant.dequantize_params)(params))
   for _ in range(2):  # B = 0 at init: the first step moves B, the second then moves A too
     state, m = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
   assert float(m["skipped"]) == 0 and float(m["grad_norm"]) > 0
