@@ -1,5 +1,7 @@
 """Unit checks of lrl_jax.rl: weight sync against the quantization contract, the buffer, GAE, advantages."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -33,6 +35,13 @@ def _is_proj(path):
   return path.endswith("/kernel") and any(f"/{p}/" in path for p in PROJ)
 
 
+@functools.partial(jax.jit, static_argnames=("spec", "dtype"))
+def _quantize_cast(kernels, spec, dtype):
+  """The contract's quantize of each kernel's `dtype` cast, as one compiled program for the whole dict (op by
+  op, every leaf shape would compile a dozen small programs)."""
+  return {p: quant.quantize(w.astype(dtype), spec, axis=-2) for p, w in kernels.items()}
+
+
 @pytest.mark.parametrize("fmt,dtype", [("int4", "float32"), ("int4", "bfloat16"), ("fp8", "float32"),
                                        ("nvfp4", "float32"), ("mxfp8", "bfloat16")])
 def test_sync_serves_quantize_of_the_learner_params(fmt, dtype):
@@ -42,6 +51,7 @@ def test_sync_serves_quantize_of_the_learner_params(fmt, dtype):
   ref = _flat(params)
   spec = cfg.quant.sampler_spec
   assert set(served) == set(ref)
+  want = _quantize_cast({p: w for p, w in ref.items() if _is_proj(p)}, spec, dtype)
   n_q = 0
   for p, w in ref.items():
     s = served[p]
@@ -49,7 +59,7 @@ def test_sync_serves_quantize_of_the_learner_params(fmt, dtype):
     if _is_proj(p):
       n_q += 1
       assert isinstance(s, quant.QArray), p
-      q = quant.quantize(w_cast, spec, axis=-2)
+      q = want[p]
       np.testing.assert_array_equal(np.asarray(s.codes), np.asarray(q.codes), err_msg=p)
       np.testing.assert_array_equal(np.asarray(s.scale).astype(np.float32), np.asarray(q.scale).astype(np.float32))
     else:
