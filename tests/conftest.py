@@ -1,10 +1,8 @@
 """Test-wide settings: 8 simulated CPU devices (for sharding tests), strict rank promotion, a faster XLA compile."""
 
 import os
-import shutil
-import tempfile
 
-# The device and ahead-of-time runs keep XLA's defaults below: their compiles are the thing tested.
+# The device and ahead-of-time runs keep XLA's defaults: their compiles are the thing tested.
 _CPU_RUN = os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1" and os.environ.get("LRL_JAX_REQUIRE_AOT") != "1"
 _XLA_FLAGS = "--xla_force_host_platform_device_count=8"
 if _CPU_RUN:
@@ -13,20 +11,6 @@ if _CPU_RUN:
   _XLA_FLAGS += " --xla_backend_optimization_level=0"
 os.environ.setdefault("XLA_FLAGS", _XLA_FLAGS)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-# One XLA compilation cache for this test run, shared by the xdist workers and the notebooks' kernels (they
-# inherit the environment): most of the suite's time is compiling, and many tests compile the same programs
-# (the tiny model's RL step in each worker, a module's jitted function re-created per test). A cache hit is
-# the executable XLA built for the same HLO and options, so nothing tested changes. Created by the first
-# process that imports this file (the xdist controller, or the only process) and removed at its exit; a
-# JAX_COMPILATION_CACHE_DIR set by the caller is used as it is and kept.
-_OWN_CACHE = None
-if _CPU_RUN and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  _OWN_CACHE = tempfile.mkdtemp(prefix="lrl_jax_test_xla_cache_")
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _OWN_CACHE
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-  # a size limit turns on the cache's file lock, so that two workers never read a half-written entry
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 << 30))
 
 import jax  # noqa: E402
 
@@ -68,8 +52,3 @@ def pytest_runtest_makereport(item, call):
   if report.skipped and item.get_closest_marker("aot") and os.environ.get("LRL_JAX_REQUIRE_AOT") == "1":
     report.outcome = "failed"
     report.longrepr = f"ahead-of-time compile test skipped under LRL_JAX_REQUIRE_AOT=1: {report.longrepr}"
-
-
-def pytest_unconfigure(config):
-  if _OWN_CACHE is not None:
-    shutil.rmtree(_OWN_CACHE, ignore_errors=True)
