@@ -96,13 +96,16 @@ def test_target_sync_keeps_quantized_view():
   init = C.dqn_init(jax.random.split(jax.random.key(3), 4)[0], cfg)["q"]
   assert np.abs(np.asarray(online["dense_0"]["kernel"]) - np.asarray(init["dense_0"]["kernel"])).max() > 0
   x = C.preprocess(np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32), obs_shape=(4,), in_dim=16)
-  y_target_qat = C.mlp_apply(target, x, spec=SPEC, activation="relu")
-  y_online_int4 = C.served_apply(C.deploy(online, SPEC), x, activation="relu")
+  # the forwards under jit: one program each instead of an op-by-op compile per layer and op
+  mlp_apply = jax.jit(C.mlp_apply, static_argnames=("spec", "activation"))
+  served_apply = jax.jit(C.served_apply, static_argnames=("activation",))
+  y_target_qat = mlp_apply(target, x, spec=SPEC, activation="relu")
+  y_online_int4 = served_apply(C.deploy(online, SPEC), x, activation="relu")
   np.testing.assert_allclose(y_target_qat, y_online_int4, rtol=1e-6, atol=1e-6)
   np.testing.assert_allclose(y_target_qat, mlp_np(target, x, group_size=16, activation="relu"), rtol=1e-5, atol=1e-5)
   # a Polyak step moves the float master; its INT4 view is the fake quant of the moved master
   moved = C.target_update(online, init, tau=0.1, do_update=jnp.asarray(True))
   ref = jax.tree.map(lambda o, t: 0.1 * np.asarray(o, np.float64) + 0.9 * np.asarray(t, np.float64), online, init)
-  np.testing.assert_allclose(C.mlp_apply(moved, x, spec=SPEC, activation="relu"),
+  np.testing.assert_allclose(mlp_apply(moved, x, spec=SPEC, activation="relu"),
                              mlp_np(jax.tree.map(lambda a: a.astype(np.float32), ref), x, group_size=16,
                                     activation="relu"), rtol=1e-4, atol=1e-4)
