@@ -52,3 +52,9 @@ def pytest_runtest_makereport(item, call):
   if report.skipped and item.get_closest_marker("aot") and os.environ.get("LRL_JAX_REQUIRE_AOT") == "1":
     report.outcome = "failed"
     report.longrepr = f"ahead-of-time compile test skipped under LRL_JAX_REQUIRE_AOT=1: {report.longrepr}"
+
+
+def pytest_collection_modifyitems(config, items):
+  """The notebooks first: they are the longest tests (20-45 s each under -n 2), and collected last they left
+  one xdist worker idle while the other finished them."""
+  items.sort(key=lambda item: item.path.name != "test_notebooks.py")  # stable: every other order is kept
