@@ -323,37 +323,26 @@ def test_lowering_sweep():
                                   [16, 32, 64, 128, 256], [1, 8, 17, 64, 100, 128, 300, 512], [False, True],
                                   [jnp.bfloat16, jnp.float16]))
   random.Random(0).shuffle(combos)
-  lowered = 0
-  for k, n, g, m, zp, dtype in combos[:70]:
-    spec = quant.Int4(group_size=g, scheme="minmax" if zp else "absmax")
-    t = jax.eval_shape(lambda w, spec=spec: lin.linear_layout(quant.quantize(w, spec, axis=-2)),
+
+  def lowers(spec, k, n, m, dtype) -> bool:  # True: lowered for cuda; False: refused by the plan with a reason
+    t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, spec, axis=-2)),
                        jax.ShapeDtypeStruct((k, n), jnp.float32))
     try:
       lin.linear_plan(m, k, n, t)
     except Unsupported as e:
       assert str(e)
-      continue
+      return False
     f = jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False))
     assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(jax.ShapeDtypeStruct((m, k), dtype), t).mlir_module()
-    lowered += 1
-  assert lowered >= 60
+    return True
+
+  assert sum(lowers(quant.Int4(group_size=g, scheme="minmax" if zp else "absmax"), k, n, m, dtype)
+             for k, n, g, m, zp, dtype in combos[:70]) >= 60
   # NVFP4 (bf16 activations): 20 configurations of K, N, M.
   nv = list(itertools.product([1024, 2048, 4096, 8192, 14336, 16384], [64, 512, 4096, 14336, 28672],
                               [1, 8, 17, 64, 100, 128, 300, 512]))
   random.Random(1).shuffle(nv)
-  lowered = 0
-  for k, n, m in nv[:20]:
-    t = jax.eval_shape(lambda w: lin.linear_layout(quant.quantize(w, quant.NVFP4(), axis=-2)),
-                       jax.ShapeDtypeStruct((k, n), jnp.float32))
-    try:
-      lin.linear_plan(m, k, n, t)
-    except Unsupported as e:
-      assert str(e)
-      continue
-    f = jax.jit(lambda x, t: lin.mosaic_linear(x, t, interpret=False))
-    x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
-    assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(x, t).mlir_module()
-    lowered += 1
+  lowered = sum(lowers(quant.NVFP4(), k, n, m, jnp.bfloat16) for k, n, m in nv[:20])
   assert lowered >= 15
 
 
