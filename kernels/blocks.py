@@ -1,4 +1,4 @@
-"""Block configurations and the tile plan of a low-bit matmul.
+"""Block configurations and the tile plans of the low-bit matmuls.
 
 A `BlockConfig` is what a caller may tune; a `Plan` is what one call runs with,
 resolved from the config, the shapes, the format and the target backend. All
@@ -18,16 +18,24 @@ target's default that divides the dimension); a tile you set is used as is, and 
 dimension it does not divide raises `Unsupported`. Weights are never padded: that
 would copy them on every call, the very traffic the kernels exist to avoid. M is padded
 to the row tile on TPU and masked on GPU.
+
+`LinearPlan` is the plan of the linear-layout kernel (`linear.py`: x [M, K] @ ŵᵀ for a weight
+[N, K] quantized along K), resolved by `linear_plan`: per program 64 weight rows and mt
+activation rows (M rounded up to 8, at most 128), split-K, and as many pipeline steps in
+flight as its shared memory holds. `supported_linear` and `mosaic_linear` both ask it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
+
+import jax.numpy as jnp
 
 from lrl_jax import quant
 
-__all__ = ["BlockConfig", "Plan", "plan", "Unsupported", "DEFAULTS"]
+__all__ = ["BlockConfig", "Plan", "plan", "Unsupported", "DEFAULTS", "LinearPlan", "linear_plan"]
 
 # "gpu" is Pallas Triton (the k_loop schedule); "mosaic_gpu" the Hopper `wgmma` kernel of mosaic_gpu.py,
 # which walks K like k_loop but with a 64-row tile and TMA pipelining.
@@ -265,3 +273,118 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
     num_warps = 4  # one warpgroup
   return Plan(schedule=schedule, bm=bm, bn=bn, bk=bk, m_pad=m_pad, split_k=split_k,
               packed=packed, kg=kg, ng=ng, channel=kg >= k, num_warps=num_warps, stages=block.num_stages)
+
+
+# --------------------------------------------------------------------------- the linear-layout kernel
+
+WGMMA_M = 64  # weight rows per program: the wgmma M
+_LINEAR_BK = 128  # logical K per pipeline step: a 64-byte row of int4 codes, a 256-byte row of bf16 activations
+_LINEAR_MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256); 128 keeps acc at 64 regs
+# Split-K target: about 4 programs per SM of an H200 (132 SMs). A program holds ~30 KiB of shared memory and few
+# registers, so all of them are resident at once; 4 per SM keep 4 x 4 steps x 4 KiB = 64 KiB of codes in flight per
+# SM, against the ~25 KiB Little's law asks (4.8 TB/s x ~0.7 us / 132). Reasoning, not timed: the device run sweeps
+# split_k (scripts/device_check.sh).
+_LINEAR_MAX_PROGRAMS = 528
+_LINEAR_STAGES = 4
+# Shared memory one program may have on sm_90 (227 KiB), less a margin for what `_linear_smem_bytes` does not count
+# (barriers, alignment, the interpreter's unused scratch: the lowered kernels of tests/kernels/test_linear.py took
+# 3-5 KiB more than the count).
+_LINEAR_SMEM_BUDGET = (227 - 8) * 1024
+_TMA_BOX = 256  # elements per dimension of one TMA copy
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearPlan:
+  """The tiles of one `mosaic_linear` call.
+
+  Attributes:
+    mt: activation rows per program (the wgmma N): M rounded up to 8, at most 128.
+    m_pad: M rounded up to whole row tiles.
+    bk: logical K per pipeline step.
+    split_k: programs sharing one output tile along K (partials summed by XLA).
+    group: the INT4 group size G, or NVFP4's block of 16.
+    stages: pipeline steps in flight.
+  """
+
+  mt: int
+  m_pad: int
+  bk: int
+  split_k: int
+  group: int
+  stages: int = _LINEAR_STAGES
+
+  @property
+  def slices(self) -> int:
+    """wgmma calls per step: one per scale group in the chunk (G < bk), else one."""
+    return max(1, self.bk // self.group)
+
+  @property
+  def width(self) -> int:
+    """K columns per wgmma call: one scale group, or the whole step."""
+    return self.bk // self.slices
+
+
+def _linear_smem_bytes(mt: int, stages: int, ns: int, scale_bytes: int, *, has_zp: bool, nvfp4: bool) -> int:
+  """Shared memory of one program: the pipelined activation and code tiles, the program's scales (NVFP4: also
+  their bf16 form; zero points), and the f32 output tile."""
+  per_step = mt * _LINEAR_BK * 2 + WGMMA_M * _LINEAR_BK // 2
+  return (stages * per_step + WGMMA_M * ns * (scale_bytes + 2 * nvfp4 + has_zp) + WGMMA_M * mt * 4)
+
+
+def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None = None,
+                stages: int | None = None) -> LinearPlan:
+  """The tile plan of x [m, k] @ ŵᵀ for w [n, k], or `Unsupported` naming what does not fit.
+
+  split_k: programs per output tile along K; None picks it (see `_LINEAR_MAX_PROGRAMS`). stages: steps in flight; None:
+  4, or as many as shared memory holds (at least 2).
+  """
+  spec = q.spec
+  if not isinstance(spec, (quant.Int4, quant.NVFP4)):
+    raise Unsupported(f"{spec.name}: the linear-layout kernel takes Int4 and NVFP4; other formats take XLA")
+  g = spec.block
+  if g % 16 or not (g <= _LINEAR_BK and _LINEAR_BK % g == 0 or g % _LINEAR_BK == 0):
+    raise Unsupported(f"{spec.name}: group size {g} is not a multiple of 16 that divides or is divided by "
+                      f"the {_LINEAR_BK}-wide K step")
+  if n % WGMMA_M:
+    raise Unsupported(f"{spec.name}: N={n} is not a multiple of the {WGMMA_M} weight rows of one wgmma")
+  if k % _LINEAR_BK:
+    raise Unsupported(f"{spec.name}: K={k} is not a multiple of the {_LINEAR_BK}-wide K step")
+  sbytes = jnp.dtype(q.scale.dtype).itemsize
+  per_row = [(k // g) * sbytes] + ([k // g] if q.zero_point is not None else [])
+  if any(b % 16 for b in per_row):
+    raise Unsupported(f"{spec.name}: a row of scales / zero points is {per_row} bytes (K={k}, G={g}); TMA "
+                      "needs a multiple of 16")
+  mt = min(-(-m // 8) * 8, _LINEAR_MT_MAX)
+  m_pad = -(-m // mt) * mt
+  programs = (n // WGMMA_M) * (m_pad // mt)
+
+  def split_ok(s: int) -> bool:  # >= 2 steps per split, whole groups, 16-byte scale / zero-point boxes
+    ks = k // s
+    return (k % s == 0 and ks % _LINEAR_BK == 0 and ks >= 2 * _LINEAR_BK and ks % g == 0
+            and all((b // s) % 16 == 0 for b in per_row))
+
+  if split_k is not None:
+    if split_k < 1 or (split_k > 1 and not split_ok(split_k)):
+      raise Unsupported(f"{spec.name}: split_k={split_k} does not cut K={k} into whole groups of >= 2 steps "
+                        "with 16-byte scale rows")
+  else:
+    split_k = 1
+    while split_k < 8 and programs * split_k * 2 <= _LINEAR_MAX_PROGRAMS and split_ok(split_k * 2):
+      split_k *= 2
+    while k // split_k // g > _TMA_BOX and split_ok(split_k * 2):  # one TMA copy brings a program's scales
+      split_k *= 2
+  if k // split_k // g > _TMA_BOX:
+    raise Unsupported(f"{spec.name}: {k // split_k // g} scale columns per program (K={k}, G={g}, "
+                      f"split_k={split_k}); one TMA copy takes at most {_TMA_BOX}")
+  smem = functools.partial(_linear_smem_bytes, mt, ns=k // split_k // g, scale_bytes=sbytes,
+                           has_zp=q.zero_point is not None, nvfp4=isinstance(spec, quant.NVFP4))
+  if stages is None:
+    stages = _LINEAR_STAGES
+    while stages > 2 and smem(stages) > _LINEAR_SMEM_BUDGET:
+      stages -= 1
+  if stages < 1:
+    raise Unsupported(f"{spec.name}: stages={stages}; at least 1 step in flight")
+  if smem(stages) > _LINEAR_SMEM_BUDGET:
+    raise Unsupported(f"{spec.name}: {smem(stages) // 1024} KiB of shared memory per program (M={m}, K={k}, "
+                      f"split_k={split_k}, stages={stages}); sm_90 allows {_LINEAR_SMEM_BUDGET // 1024} with margin")
+  return LinearPlan(mt=mt, m_pad=m_pad, bk=_LINEAR_BK, split_k=split_k, group=g, stages=stages)

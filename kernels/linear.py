@@ -37,6 +37,10 @@ The Mosaic GPU kernel (W4A16: `Int4`, bf16 / f16 activations; `NVFP4`, bf16), "s
     scale product e2m1 · s_b · 2^-7 is exact and normal; one 16-wide wgmma per block scale; the wrapper
     multiplies the f32 sum by 2^7 · dec.
 
+Where the parts live: the plan (tiles, split-K, the shared-memory count) is `blocks.linear_plan`, beside the
+[K, N] kernels' `Plan`; the register-level decode (`_codes_as_int4`, `e2m1_pair_bits`, `_e2m1_as_bf16`) is
+`_mgpu_decode.py`; the kernel, its guard, its vjp and `qlinear` are here.
+
 Status (2026-12-01): no GPU. Numerics run in Mosaic GPU's interpret mode on CPU against float64, where the
 interpreter's limits (no register operand for `wgmma`, no transposed operand views, no register layouts)
 make the kernel route ŵᵀ and xᵀ through SMEM scratch: it checks the indexing and the arithmetic, not the
@@ -58,34 +62,22 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
-from lrl_jax.kernels.blocks import Unsupported
+from lrl_jax.kernels._mgpu_decode import _codes_as_int4, _e2m1_as_bf16
+from lrl_jax.kernels.blocks import _LINEAR_MT_MAX, WGMMA_M, LinearPlan, Unsupported, linear_plan
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
 from lrl_jax.kernels.matmul import _e2m1, _zero_cotangent, _x_cotangent
 from lrl_jax.kernels.mosaic_gpu import _swizzled
 
+# LinearPlan and linear_plan live beside Plan in blocks.py; they are this kernel's plan, and exported here too.
 __all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan",
            "linear_plan"]
 
-WGMMA_M = 64  # weight rows per program: the wgmma M
-_BK = 128  # logical K per pipeline step: a 64-byte row of int4 codes, a 256-byte row of bf16 activations
-_MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256); 128 keeps acc at 64 regs
-# Split-K target: about 4 programs per SM of an H200 (132 SMs). A program holds ~30 KiB of shared memory and few
-# registers, so all of them are resident at once; 4 per SM keep 4 x 4 steps x 4 KiB = 64 KiB of codes in flight per
-# SM, against the ~25 KiB Little's law asks (4.8 TB/s x ~0.7 us / 132). Reasoning, not timed: the device run sweeps
-# split_k (scripts/device_check.sh).
-_MAX_PROGRAMS = 528
-_STAGES = 4
-# Shared memory one program may have on sm_90 (227 KiB), less a margin for what `_smem_bytes` does not count
-# (barriers, alignment, the interpreter's unused scratch: the lowered kernels of tests/kernels/test_linear.py took
-# 3-5 KiB more than the count).
-_SMEM_BUDGET = (227 - 8) * 1024
-_TMA_BOX = 256  # elements per dimension of one TMA copy
 # NVFP4's wgmma operand is e2m1 · s_b · 2^-_NVFP4_SHIFT: bf16 s_b · 2^126 would overflow for s_b > 2^1.99.
 _NVFP4_SHIFT = 7
 # Above this M, qlinear takes XLA: the kernel reads the weights once per 128-row tile, and past
 # `dispatch.MAX_WEIGHT_PASSES` passes XLA's dequantize-then-GEMM moves fewer bytes (reasoned, not timed).
-MAX_M = _MT_MAX * dispatch.MAX_WEIGHT_PASSES
+MAX_M = _LINEAR_MT_MAX * dispatch.MAX_WEIGHT_PASSES
 
 
 def linear_layout(q: quant.QArray) -> quant.QArray:
@@ -103,196 +95,6 @@ def linear_layout(q: quant.QArray) -> quant.QArray:
                      f"{q.shape}, axis {q.axis}")
   t = lambda a: None if a is None else jnp.swapaxes(a, -1, -2)  # noqa: E731
   return dataclasses.replace(q, codes=t(q.codes), scale=t(q.scale), zero_point=t(q.zero_point), axis=-1)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LinearPlan:
-  """The tiles of one `mosaic_linear` call.
-
-  Attributes:
-    mt: activation rows per program (the wgmma N): M rounded up to 8, at most 128.
-    m_pad: M rounded up to whole row tiles.
-    bk: logical K per pipeline step.
-    split_k: programs sharing one output tile along K (partials summed by XLA).
-    group: the INT4 group size G, or NVFP4's block of 16.
-    stages: pipeline steps in flight.
-  """
-
-  mt: int
-  m_pad: int
-  bk: int
-  split_k: int
-  group: int
-  stages: int = _STAGES
-
-  @property
-  def slices(self) -> int:
-    """wgmma calls per step: one per scale group in the chunk (G < bk), else one."""
-    return max(1, self.bk // self.group)
-
-  @property
-  def width(self) -> int:
-    """K columns per wgmma call: one scale group, or the whole step."""
-    return self.bk // self.slices
-
-
-def _smem_bytes(mt: int, stages: int, ns: int, scale_bytes: int, *, has_zp: bool, nvfp4: bool) -> int:
-  """Shared memory of one program: the pipelined activation and code tiles, the program's scales (NVFP4: also
-  their bf16 form; zero points), and the f32 output tile."""
-  per_step = mt * _BK * 2 + WGMMA_M * _BK // 2
-  return (stages * per_step + WGMMA_M * ns * (scale_bytes + 2 * nvfp4 + has_zp) + WGMMA_M * mt * 4)
-
-
-def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None = None,
-                stages: int | None = None) -> LinearPlan:
-  """The tile plan of x [m, k] @ ŵᵀ for w [n, k], or `Unsupported` naming what does not fit.
-
-  split_k: programs per output tile along K; None picks it (see `_MAX_PROGRAMS`). stages: steps in flight; None:
-  4, or as many as shared memory holds (at least 2).
-  """
-  spec = q.spec
-  if not isinstance(spec, (quant.Int4, quant.NVFP4)):
-    raise Unsupported(f"{spec.name}: the linear-layout kernel takes Int4 and NVFP4; other formats take XLA")
-  g = spec.block
-  if g % 16 or not (g <= _BK and _BK % g == 0 or g % _BK == 0):
-    raise Unsupported(f"{spec.name}: group size {g} is not a multiple of 16 that divides or is divided by "
-                      f"the {_BK}-wide K step")
-  if n % WGMMA_M:
-    raise Unsupported(f"{spec.name}: N={n} is not a multiple of the {WGMMA_M} weight rows of one wgmma")
-  if k % _BK:
-    raise Unsupported(f"{spec.name}: K={k} is not a multiple of the {_BK}-wide K step")
-  sbytes = jnp.dtype(q.scale.dtype).itemsize
-  per_row = [(k // g) * sbytes] + ([k // g] if q.zero_point is not None else [])
-  if any(b % 16 for b in per_row):
-    raise Unsupported(f"{spec.name}: a row of scales / zero points is {per_row} bytes (K={k}, G={g}); TMA "
-                      "needs a multiple of 16")
-  mt = min(-(-m // 8) * 8, _MT_MAX)
-  m_pad = -(-m // mt) * mt
-  programs = (n // WGMMA_M) * (m_pad // mt)
-
-  def split_ok(s: int) -> bool:  # >= 2 steps per split, whole groups, 16-byte scale / zero-point boxes
-    ks = k // s
-    return (k % s == 0 and ks % _BK == 0 and ks >= 2 * _BK and ks % g == 0
-            and all((b // s) % 16 == 0 for b in per_row))
-
-  if split_k is not None:
-    if split_k < 1 or (split_k > 1 and not split_ok(split_k)):
-      raise Unsupported(f"{spec.name}: split_k={split_k} does not cut K={k} into whole groups of >= 2 steps "
-                        "with 16-byte scale rows")
-  else:
-    split_k = 1
-    while split_k < 8 and programs * split_k * 2 <= _MAX_PROGRAMS and split_ok(split_k * 2):
-      split_k *= 2
-    while k // split_k // g > _TMA_BOX and split_ok(split_k * 2):  # one TMA copy brings a program's scales
-      split_k *= 2
-  if k // split_k // g > _TMA_BOX:
-    raise Unsupported(f"{spec.name}: {k // split_k // g} scale columns per program (K={k}, G={g}, "
-                      f"split_k={split_k}); one TMA copy takes at most {_TMA_BOX}")
-  smem = functools.partial(_smem_bytes, mt, ns=k // split_k // g, scale_bytes=sbytes,
-                           has_zp=q.zero_point is not None, nvfp4=isinstance(spec, quant.NVFP4))
-  if stages is None:
-    stages = _STAGES
-    while stages > 2 and smem(stages) > _SMEM_BUDGET:
-      stages -= 1
-  if stages < 1:
-    raise Unsupported(f"{spec.name}: stages={stages}; at least 1 step in flight")
-  if smem(stages) > _SMEM_BUDGET:
-    raise Unsupported(f"{spec.name}: {smem(stages) // 1024} KiB of shared memory per program (M={m}, K={k}, "
-                      f"split_k={split_k}, stages={stages}); sm_90 allows {_SMEM_BUDGET // 1024} with margin")
-  return LinearPlan(mt=mt, m_pad=m_pad, bk=_BK, split_k=split_k, group=g, stages=stages)
-
-
-def _codes_as_int4(c_smem, *, flip: bool = True):
-  """The uint8 code tile [64, bk/2] in SMEM as int4 q [64, bk] (two's complement) in `WGMMA_UPCAST_4X` layout.
-
-  Loads the bytes in the layout that puts in each 32-bit register the 4 bytes `WGMMA_UPCAST_4X` puts its 8 nibbles
-  in (the same tiling with halved columns), then per register: xor 0x88888888 (bit 3 of every nibble: the stored
-  q + 8 becomes q) and a bitcast to 8 int4. One 32-bit xor per 8 codes; no copy of the codes anywhere: XLA's
-  `bitcast_convert_type(uint8 -> int4)` is not a view (XLA:CPU expands it into an unpacking fusion).
-  flip=False keeps the nibbles as stored (NVFP4's E2M1 bit patterns, carried as int4 through the relayout).
-  """
-  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import fragmented_array as fa  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir.dialects import arith  # pylint: disable=g-import-not-at-top
-
-  up4 = mgpu.WGMMA_LAYOUT_UPCAST_4X
-  tiles = [tuple(t) for t in up4.tiling.tiles]
-  byte_tiles = tuple(t[:-1] + (t[-1] // 2,) for t in tiles)  # ((64, 16), (16, 16), (8, 16), (4,))
-  bytes_layout = plgpu.Layout.TILED(fa.Tiling(byte_tiles), warp_dims=up4.warp_dims, lane_dims=up4.lane_dims,
-                                    vector_dim=up4.vector_dim)
-  rows, cols = c_smem.shape
-  raw = plgpu.load(c_smem, (), layout=bytes_layout)
-
-  @plgpu.inline_mgpu(arg_types=(bytes_layout,),
-                     return_type=plgpu.ShapeDtypeStruct((rows, 2 * cols), jnp.int4, layout=plgpu.Layout.WGMMA_UPCAST_4X))
-  def as_int4(_, a):
-    i32 = ir.IntegerType.get_signless(32)
-    v8i4 = ir.VectorType.get((8,), ir.IntegerType.get_signless(4))
-    mask = arith.constant(i32, ir.IntegerAttr.get(i32, 0x88888888 - (1 << 32)))
-    regs = np.empty(a.registers.shape, dtype=object)
-    for idx, r in np.ndenumerate(a.registers):
-      r32 = mgpu_utils.bitcast(r, i32)
-      regs[idx] = mgpu_utils.bitcast(arith.xori(r32, mask) if flip else r32, v8i4)
-    want = up4.registers_shape((rows, 2 * cols))
-    assert regs.shape == tuple(want), (regs.shape, want)
-    return mgpu.FragmentedArray(_registers=regs, _layout=up4, _is_signed=True)
-
-  return as_int4(raw)
-
-
-def e2m1_pair_bits(r, part: int, *, andi, shrui, muli, prmt, const):
-  """The bf16x2 bits of E2M1 elements (2·part, 2·part + 1) of a 32-bit register of 8 nibbles, each e2m1 · 2^-126.
-
-  The nibble's sign goes to bit 15 and its three exponent / mantissa bits to bits 8..6, the bottom of bf16's
-  exponent field and the top of its mantissa: exponent e, mantissa m read as bf16 are 2^(e−127)·(1 + m/2) for e > 0
-  and m·2^-127 for e = 0 (a bf16 subnormal), i.e. exactly e2m1 · 2^-126 (the placement Marlin-FP4 uses; the kernel
-  folds 2^126 into the block scale). Per pair: a byte permute that puts the two nibbles at bits 0..3 and 16..19
-  of an otherwise zero register, one multiply that makes the two shifted copies (·2^6 for e m, ·2^12 for the
-  sign), one mask; the two nibble masks are shared by the register's four pairs.
-
-  The ops are parameters so that the same sequence builds the kernel's MLIR and runs in NumPy in the tests:
-  andi / shrui / muli as `arith`, prmt(a, b, selector) as PTX `prmt.b32` (result byte i is byte sel_i & 7 of
-  {b, a}, or that byte's sign replicated when sel_i & 8), const(v) a 32-bit constant.
-  """
-  lo = andi(r, const(0x0F0F0F0F))  # the low nibble of each byte: elements 0, 2, 4, 6
-  hi = andi(shrui(r, const(4)), const(0x0F0F0F0F))  # the high nibbles: elements 1, 3, 5, 7
-  # byte 0 <- lo byte `part`, byte 2 <- hi byte `part`; bytes 1, 3 <- the sign of lo's byte 0: 0, as lo < 0x10.
-  pair = prmt(lo, hi, 0x8080 | part | (part + 4) << 8)
-  return andi(muli(pair, const(0x1040)), const(0x81C081C0))  # (n << 6 | n << 12) & (bits 15, 8..6) per half
-
-
-def _e2m1_as_bf16(q4):
-  """int4 [64, bk] in the `wgmma` register layout, holding E2M1 bit patterns -> bf16 e2m1 · 2^-126, exactly."""
-  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir.dialects import arith, llvm, vector  # pylint: disable=g-import-not-at-top
-
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
-                     return_type=plgpu.ShapeDtypeStruct(q4.shape, jnp.bfloat16, layout=plgpu.Layout.WGMMA))
-  def convert(_, a):
-    i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
-    v2bf16 = ir.VectorType.get((2,), ir.BF16Type.get())
-    const = lambda v: arith.constant(i32, ir.IntegerAttr.get(i32, v - (1 << 32) if v >= 1 << 31 else v))  # noqa: E731
-    prmt = lambda x, y, sel: llvm.inline_asm(i32, [x, y], f"prmt.b32 $0, $1, $2, {sel:#06x};", "=r,r,r")  # noqa: E731
-    ops = dict(andi=arith.andi, shrui=arith.shrui, muli=arith.muli, prmt=prmt, const=const)
-    regs = np.empty(a.registers.shape, dtype=object)
-    for idx, reg in np.ndenumerate(a.registers):
-      assert ir.VectorType(reg.type).shape == [2], reg.type
-      src = getattr(reg.owner, "opview", None)
-      if isinstance(src, vector.ExtractStridedSliceOp) and mgpu_utils.bitwidth(src.source.type) == 32:
-        # A slice of a 32-bit register (what the relayout leaves): decode in place, sharing the nibble masks.
-        r32, part = mgpu_utils.bitcast(src.source, i32), src.offsets[0].value // 2
-      else:
-        r32, part = arith.extui(i32, mgpu_utils.bitcast(reg, i8)), 0
-      regs[idx] = mgpu_utils.bitcast(e2m1_pair_bits(r32, part, **ops), v2bf16)
-    return mgpu.FragmentedArray(_registers=regs, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
-
-  return convert(q4)
 
 
 def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, xt_scr, p: LinearPlan, has_zp: bool,

@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from lrl_jax import quant
-from lrl_jax.kernels.linear import WGMMA_M, linear_layout, linear_plan, mosaic_linear
+from lrl_jax.kernels.blocks import WGMMA_M, linear_plan
+from lrl_jax.kernels.linear import linear_layout, mosaic_linear
 
 __all__ = ["FORMATS", "lowered_kernel", "loop_op_mix", "predicted", "main"]
 

@@ -97,8 +97,8 @@ LINEAR_CASES = [("int4_g128", 1, jnp.bfloat16), ("int4_g128", 16, jnp.bfloat16),
 def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
   """`qlinear` on the nn.Linear layout [N, K] (kernels/linear.py): ŵᵀ decoded in registers as wgmma's left operand.
   Also the first run of the in-register reinterpretation of the code bytes as int4 (element 2i from the low nibble),
-  which interpret mode cannot execute, and of NVFP4's bit-placed E2M1 decode (`linear.e2m1_pair_bits`: the ±0.5
-  codes are bf16 subnormals before the scale multiply, which the GPU must keep)."""
+  which interpret mode cannot execute, and of NVFP4's bit-placed E2M1 decode (`_mgpu_decode.e2m1_pair_bits`: the
+  ±0.5 codes are bf16 subnormals before the scale multiply, which the GPU must keep)."""
   from lrl_jax.kernels import linear as lin  # pylint: disable=g-import-not-at-top
   _require_hopper("the linear-layout kernel")
   k, n = 4096, 2048

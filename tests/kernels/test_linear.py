@@ -15,6 +15,7 @@ from jax import export
 
 from lrl_jax import quant
 from lrl_jax.kernels import Unsupported, dispatch
+from lrl_jax.kernels import _mgpu_decode
 from lrl_jax.kernels import linear as lin
 from lrl_jax.kernels import mosaic_gpu as mg
 from lrl_jax.kernels import mosaic_model
@@ -381,7 +382,7 @@ def test_e2m1_decode_bits_are_exact_for_every_byte_and_position():
   for part in range(4):
     r = rng.integers(0, 2 ** 32, 256, dtype=np.uint64).astype(np.uint32)
     r = (r & ~np.uint32(0xFF << (8 * part))) | (byte << np.uint32(8 * part))
-    out = lin.e2m1_pair_bits(r, part, **ops)
+    out = _mgpu_decode.e2m1_pair_bits(r, part, **ops)
     lo, hi = _bf16_bits_value(out & 0xFFFF), _bf16_bits_value(out >> 16)
     np.testing.assert_array_equal(lo, table[byte & 0xF] * 2.0 ** -126)
     np.testing.assert_array_equal(hi, table[byte >> 4] * 2.0 ** -126)
