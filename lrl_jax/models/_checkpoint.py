@@ -5,7 +5,9 @@
   (one tensor per layer; `nn.Linear.weight` [N, K], the transpose).
 * A safetensors reader that checks every header offset against the file size
   before touching data, so a truncated or corrupt file names its tensor.
-* Atomic directory writes.
+* Atomic directory writes, and `write_checkpoint`: the one writer of an HF checkpoint
+  directory (safetensors, config.json, tokenizer files), for `save_hf` and
+  `export_compressed_tensors`.
 
 The safetensors layout (https://github.com/huggingface/safetensors, "Format"):
 8 bytes little-endian u64 N, N bytes of JSON header {name: {dtype, shape,
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from lrl_jax.models._tokenizer import Tokenizer, special_ids, write_tokenizer
 from lrl_jax.models.config import ModelConfig
 
 # safetensors dtype strings -> numpy dtypes (bf16 and fp8 through ml_dtypes).
@@ -432,3 +435,21 @@ def read_json(path: Path, what: str) -> dict:
     return json.loads(path.read_text())
   except json.JSONDecodeError as err:
     raise ValueError(f"{path}: malformed JSON ({err})") from None
+
+
+# --------------------------------------------------------------------------- writing a checkpoint directory
+
+
+def write_checkpoint(path, tensors: dict, hf_cfg: dict, *, tokenizer: Tokenizer | None = None,
+                     max_shard_bytes: int | None = None):
+  """Writes tensors (sharded safetensors), config.json and the tokenizer files into `path`, atomically."""
+  if tokenizer is not None:
+    hf_cfg = {**hf_cfg, **special_ids(tokenizer)}
+
+  def write(tmp: Path):
+    write_sharded(tmp, tensors, max_shard_bytes=max_shard_bytes)
+    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
+    if tokenizer is not None:
+      write_tokenizer(tmp, tokenizer)
+
+  return atomic_dir(path, write)

@@ -1,4 +1,5 @@
-"""A `tokenizers.Tokenizer` with the special token ids a sampler needs (BOS, EOS, PAD)."""
+"""A `tokenizers.Tokenizer` with the special token ids a sampler needs (BOS, EOS, PAD), and its HF files:
+`load_tokenizer` reads them, `write_tokenizer` writes them."""
 
 from __future__ import annotations
 
@@ -101,3 +102,28 @@ def load_tokenizer(path) -> Tokenizer:
     template = (d / "chat_template.jinja").read_text()
   return Tokenizer(backend=backend, bos_id=bos, eos_ids=eos, pad_id=pad,
                    chat_template=template if isinstance(template, str) else None)
+
+
+def special_ids(tok: Tokenizer) -> dict:
+  """The special ids of config.json / generation_config.json (bos_token_id, eos_token_id, pad_token_id)."""
+  out = {}
+  if tok.bos_id is not None:
+    out["bos_token_id"] = tok.bos_id
+  if tok.eos_ids:
+    out["eos_token_id"] = tok.eos_ids[0] if len(tok.eos_ids) == 1 else list(tok.eos_ids)
+  if tok.pad_id is not None:
+    out["pad_token_id"] = tok.pad_id
+  return out
+
+
+def write_tokenizer(directory: Path, tok: Tokenizer):
+  """tokenizer.json + tokenizer_config.json (special tokens, chat template) + generation_config.json."""
+  tok.backend.save(str(directory / "tokenizer.json"))
+  tcfg = {"tokenizer_class": "PreTrainedTokenizerFast"}
+  for key, i in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id), ("pad_token", tok.pad_id)):
+    if i is not None:
+      tcfg[key] = tok.backend.id_to_token(i)
+  if tok.chat_template:
+    tcfg["chat_template"] = tok.chat_template
+  (directory / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
+  (directory / "generation_config.json").write_text(json.dumps(special_ids(tok), indent=2))

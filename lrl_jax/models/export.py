@@ -192,8 +192,6 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
   Returns:
     The directory.
   """
-  from lrl_jax.models.hf import write_checkpoint
-
   if type(spec) not in _FORMATS:
     raise ValueError(f"export_compressed_tensors supports Int4 and NVFP4 specs, got {spec}")
   rules = QuantRules.default(spec) if rules is None else rules
@@ -242,7 +240,7 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
   hf_cfg = cfg.to_hf()
   hf_cfg["dtype"] = hf_cfg["torch_dtype"] = np_dtype.name
   hf_cfg["quantization_config"] = quantization_config(spec, ignore)
-  return write_checkpoint(path, tensors, hf_cfg, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
+  return ckpt.write_checkpoint(path, tensors, hf_cfg, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
 
 
 def _spec_from_config(qc: dict, where: Path):

@@ -17,7 +17,6 @@ fails with an error naming the file and tensor rather than load a partial model.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -105,43 +104,4 @@ def save_hf(path: str | os.PathLike, cfg: ModelConfig, params, *, dtype=None, to
   stored = {str(np.dtype(a.dtype)) for a in tensors.values()}
   if len(stored) == 1:
     hf_cfg["dtype"] = hf_cfg["torch_dtype"] = stored.pop()
-  return write_checkpoint(path, tensors, hf_cfg, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
-
-
-def write_checkpoint(path, tensors: dict, hf_cfg: dict, *, tokenizer: Tokenizer | None = None,
-                     max_shard_bytes: int | None = None):
-  """Writes tensors (sharded safetensors), config.json and the tokenizer files into `path`, atomically."""
-  if tokenizer is not None:
-    hf_cfg = {**hf_cfg, **_special_ids(tokenizer)}
-
-  def write(tmp: Path):
-    ckpt.write_sharded(tmp, tensors, max_shard_bytes=max_shard_bytes)
-    (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2))
-    if tokenizer is not None:
-      write_tokenizer(tmp, tokenizer)
-
-  return ckpt.atomic_dir(path, write)
-
-
-def _special_ids(tok: Tokenizer) -> dict:
-  out = {}
-  if tok.bos_id is not None:
-    out["bos_token_id"] = tok.bos_id
-  if tok.eos_ids:
-    out["eos_token_id"] = tok.eos_ids[0] if len(tok.eos_ids) == 1 else list(tok.eos_ids)
-  if tok.pad_id is not None:
-    out["pad_token_id"] = tok.pad_id
-  return out
-
-
-def write_tokenizer(directory: Path, tok: Tokenizer):
-  """tokenizer.json + tokenizer_config.json (special tokens, chat template) + generation_config.json."""
-  tok.backend.save(str(directory / "tokenizer.json"))
-  tcfg = {"tokenizer_class": "PreTrainedTokenizerFast"}
-  for key, i in (("bos_token", tok.bos_id), ("eos_token", tok.eos_id), ("pad_token", tok.pad_id)):
-    if i is not None:
-      tcfg[key] = tok.backend.id_to_token(i)
-  if tok.chat_template:
-    tcfg["chat_template"] = tok.chat_template
-  (directory / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
-  (directory / "generation_config.json").write_text(json.dumps(_special_ids(tok), indent=2))
+  return ckpt.write_checkpoint(path, tensors, hf_cfg, tokenizer=tokenizer, max_shard_bytes=max_shard_bytes)
