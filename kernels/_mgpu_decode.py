@@ -24,6 +24,7 @@ def _codes_as_int4(c_smem, *, flip: bool = True):
   `bitcast_convert_type(uint8 -> int4)` is not a view (XLA:CPU expands it into an unpacking fusion).
   flip=False keeps the nibbles as stored (NVFP4's E2M1 bit patterns, carried as int4 through the relayout).
   """
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic.gpu import fragmented_array as fa  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
@@ -79,6 +80,7 @@ def e2m1_pair_bits(r, part: int, *, andi, shrui, muli, prmt, const):
 
 def _e2m1_as_bf16(q4):
   """int4 [64, bk] in the `wgmma` register layout, holding E2M1 bit patterns -> bf16 e2m1 · 2^-126, exactly."""
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
   from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from lrl_jax import quant
 from lrl_jax.kernels import matmul as _mm
+from lrl_jax.kernels import mosaic_gpu as _mg
 from lrl_jax.kernels.blocks import BlockConfig, Unsupported, plan
 
 __all__ = ["Support", "supported", "qmatmul", "xla_matmul"]
@@ -87,8 +88,7 @@ def _gpu_target(impl: str) -> str:
   """The GPU kernel `impl` runs: Triton while jax ships it, else (or when asked) Mosaic GPU."""
   if impl == "mosaic_gpu":
     return "mosaic_gpu"
-  from lrl_jax.kernels.mosaic_gpu import triton_available  # pylint: disable=g-import-not-at-top
-  return "gpu" if triton_available() else "mosaic_gpu"
+  return "gpu" if _mg.triton_available() else "mosaic_gpu"
 
 
 def _pallas_reason(x, q, backend: str) -> str | None:

@@ -99,6 +99,7 @@ def linear_layout(q: quant.QArray) -> quant.QArray:
 
 def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, xt_scr, p: LinearPlan, has_zp: bool,
             nvfp4: bool, x_dtype, bf16_math: bool, interpret: bool):
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   z_g = rest[0] if has_zp else None
   o_g = rest[int(has_zp)]
@@ -190,6 +191,7 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   NVFP4 is `quant.qdot`'s form: dec · (x @ (e2m1 · s_b)ᵀ), bf16 activations only. split_k / stages: as
   `linear_plan` (None: the plan's choice). interpret: default True on CPU.
   """
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
@@ -223,6 +225,7 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   )
   kwargs = {}
   if interpret:
+    # Lazy: Mosaic GPU's interpreter (a private jax module), only for interpret=True.
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # pylint: disable=g-import-not-at-top
     kwargs["interpret"] = InterpretGPUParams()
   kernel = functools.partial(_kernel, p=p, has_zp=has_zp, nvfp4=nvfp4, x_dtype=x.dtype,

@@ -219,6 +219,7 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, precision, ch
   if m_rows is None:
     load_x = lambda r, cols: r[:, cols]
   else:
+    # Lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11; `mosaic_gpu.triton_available`).
     from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
     row_ok = pl.program_id(0) * p.bm + lax.broadcasted_iota(jnp.int32, (p.bm, 1), 0) < m_rows
     load_x = lambda r, cols: pltriton.load(r.at[:, cols], mask=jnp.broadcast_to(row_ok, (p.bm, rows)), other=0)
@@ -253,6 +254,7 @@ def default_target() -> Target:
   if backend == "tpu":
     return "tpu"
   if backend != "cpu":
+    # Lazy: mosaic_gpu imports this module (a cycle at import time).
     from lrl_jax.kernels.mosaic_gpu import triton_available  # pylint: disable=g-import-not-at-top
     if not triton_available():
       return "mosaic_gpu"
@@ -263,10 +265,12 @@ def _compiler_params(target: Target, p: Plan, block: BlockConfig, interpret: boo
   if interpret:
     return None
   if target == "tpu":
-    from jax.experimental.pallas import tpu as pltpu
+    # Lazy: each Pallas backend is imported for the target that uses it.
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
     sem = ("parallel", "parallel", "arbitrary" if p.schedule == "k_grid" else "parallel")
     return pltpu.CompilerParams(dimension_semantics=sem)
-  from jax.experimental.pallas import triton as pltriton
+  # Lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11; `mosaic_gpu.triton_available`).
+  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
   return pltriton.CompilerParams(num_warps=p.num_warps, num_stages=block.num_stages)
 
 
@@ -316,6 +320,7 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
   n = q.shape[1]
   p = plan(m, k, n, q.spec, block, target)
   if target == "mosaic_gpu":
+    # Lazy: mosaic_gpu imports this module (a cycle at import time).
     from lrl_jax.kernels.mosaic_gpu import mosaic_gpu_2d  # pylint: disable=g-import-not-at-top
     return mosaic_gpu_2d(x, q, p, interpret)
   # TPU (k_grid): blocks must tile the arrays, so M is padded to the row tile. GPU (k_loop): the last row tile

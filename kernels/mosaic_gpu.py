@@ -34,15 +34,16 @@ was not run (no GPU); nothing was timed. The default GPU path stays Triton until
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+from jax import export, lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
-from lrl_jax.kernels.blocks import Plan
-from lrl_jax.kernels.matmul import _apply_dec, _decode_scale, dequant_plane, kernel_operands
+from lrl_jax.kernels.blocks import BlockConfig, Plan
+from lrl_jax.kernels.matmul import _apply_dec, _decode_scale, dequant_plane, kernel_operands, pallas_matmul
 
 __all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes", "lowered_smem_bytes"]
 
@@ -51,7 +52,7 @@ WGMMA_M = 64  # rows of one warpgroup MMA: the row tile
 
 def triton_available() -> bool:
   """True while this jax ships Pallas's Triton backend (deprecated from jax 0.11)."""
-  try:
+  try:  # the probe itself: Pallas's Triton backend may be absent (deprecated from jax 0.11)
     from jax.experimental.pallas import triton as _  # noqa: F401  pylint: disable=g-import-not-at-top
   except ImportError:
     return False
@@ -60,6 +61,7 @@ def triton_available() -> bool:
 
 def _swizzled(cols: int, dtype) -> tuple:
   """SMEM transforms of a [rows, cols] `wgmma` operand: (8, swizzle/itemsize) tiles, the widest swizzle."""
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   bits = jnp.dtype(dtype).itemsize * 8
   s = plgpu.find_swizzle(cols * bits)
@@ -68,6 +70,7 @@ def _swizzled(cols: int, dtype) -> tuple:
 
 def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, chunks: int,
             interpret: bool):
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   n_in = n_x + 2 + int(has_zp)
   x_g, (c_g, s_g) = refs[:n_x], refs[n_x:n_x + 2]
@@ -144,6 +147,7 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtyp
 
 def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> jax.Array:
   """x [M, K] @ QArray [K, N] -> [M, N] in x.dtype through one Mosaic GPU kernel (plan p, target mosaic_gpu)."""
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
   m, k = x.shape
   n = q.shape[1]
@@ -159,6 +163,7 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
   )
   kwargs = {}
   if interpret:
+    # Lazy: Mosaic GPU's interpreter (a private jax module), only for interpret=True.
     from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # pylint: disable=g-import-not-at-top
     kwargs["interpret"] = InterpretGPUParams()
   kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, x_dtype=x.dtype, chunks=chunks,
@@ -176,8 +181,6 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
 
 def smem_bytes(x: jax.ShapeDtypeStruct, q, block=None) -> int:
   """Shared memory one program of the kernel allocates, as Mosaic GPU's lowering counts it (no GPU needed)."""
-  from lrl_jax.kernels.blocks import BlockConfig  # pylint: disable=g-import-not-at-top
-  from lrl_jax.kernels.matmul import pallas_matmul  # pylint: disable=g-import-not-at-top
   block = block or BlockConfig()
   return lowered_smem_bytes(lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False),
                             x, q)
@@ -188,8 +191,7 @@ def lowered_smem_bytes(fn, *args) -> int:
 
   Lowers under a zero shared-memory limit and reads the size from the lowering's refusal.
   """
-  import re  # pylint: disable=g-import-not-at-top
-  from jax import export  # pylint: disable=g-import-not-at-top
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.mosaic.gpu import core as mgpu_core  # pylint: disable=g-import-not-at-top
   with mgpu_core.artificial_shared_memory_limit(0):
     try:

@@ -11,14 +11,17 @@ and H200 figures as the Triton model). An estimate of the machine code, not a co
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import re
 import types
 
 import jax
 import jax.numpy as jnp
+from jax import export
 
 from lrl_jax import quant
+from lrl_jax.kernels import triton_aot
 from lrl_jax.kernels.blocks import WGMMA_M, linear_plan
 from lrl_jax.kernels.linear import linear_layout, mosaic_linear
 
@@ -29,7 +32,7 @@ FORMATS = {"int4_g128": quant.Int4(), "nvfp4": quant.NVFP4()}  # what the linear
 
 def lowered_kernel(x: jax.ShapeDtypeStruct, w, **kwargs) -> str:
   """The Mosaic GPU module of `mosaic_linear(x, w)` lowered for cuda, as MLIR text (no GPU needed)."""
-  from jax import export  # pylint: disable=g-import-not-at-top
+  # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
   from jax.experimental.mosaic.gpu import core  # pylint: disable=g-import-not-at-top
   seen = []
   orig = core._run_serde_pass  # pylint: disable=protected-access
@@ -152,7 +155,6 @@ def predicted(m: int, k: int, n: int, spec: quant.Spec = quant.Int4(), dtype=jnp
   with optimized=True the counts after the CSE and hoisting LLVM does. Either way under the model's own
   assumptions (no latency, perfect overlap). text: the lowered kernel, if already at hand. Returns (mix, model).
   """
-  from lrl_jax.kernels import triton_aot  # pylint: disable=g-import-not-at-top
   w = jax.eval_shape(lambda a: linear_layout(quant.quantize(a, spec, axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32))
   p = linear_plan(m, k, n, w, split_k=split_k)
   text = text or lowered_kernel(jax.ShapeDtypeStruct((m, k), dtype), w, split_k=split_k)
@@ -175,7 +177,6 @@ def main(argv=None) -> int:
   Each row: the raw MLIR counts, then int / all instructions per code and the predicted share of HBM bandwidth
   raw and after LLVM's CSE and loop-invariant hoisting ("opt").
   """
-  import argparse  # pylint: disable=g-import-not-at-top
   ap = argparse.ArgumentParser(prog="python -m lrl_jax.kernels.mosaic_model", description=main.__doc__)
   ap.add_argument("--shapes", default="4096x4096,4096x14336,8192x8192")
   ap.add_argument("--m", default="1,16,64")

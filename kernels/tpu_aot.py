@@ -24,6 +24,7 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import topologies
 
 from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, Plan, plan
@@ -72,7 +73,6 @@ _TOPOS: dict[str, object] = {}
 def topology(name: str):
   """jax's description of the TPU slice `name` (cached); a RuntimeError says how to get libtpu."""
   if name not in _TOPOS:
-    from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
     try:
       _TOPOS[name] = topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # noqa: BLE001 - jax raises several types here

@@ -142,7 +142,7 @@ class CompileReport:
 
 
 def _hook():
-  try:
+  try:  # lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11)
     from jax._src.pallas.triton import pallas_call_registration as reg  # pylint: disable=g-import-not-at-top
   except ImportError as e:  # pragma: no cover - depends on the jax version
     raise RuntimeError(f"triton_aot: this jax ({jax.__version__}) has no Pallas Triton backend: {e}") from e
@@ -200,6 +200,7 @@ def triton_ir(x: jax.ShapeDtypeStruct, q, *, block: BlockConfig = BlockConfig())
 
 
 def _tool(name: str) -> str:
+  # Lazy: triton is optional (the `aot` extra).
   import triton.backends.nvidia as nv  # pylint: disable=g-import-not-at-top
   path = os.path.join(os.path.dirname(nv.__file__), "bin", name)
   if not os.path.exists(path):
@@ -341,6 +342,7 @@ def compile_ir(ir: TritonIR, *, arch: int = 90) -> tuple[dict, str]:
   Raises:
     triton's CompilationError / RuntimeError when the IR does not compile for that SM.
   """
+  # Lazy: triton is optional (the `aot` extra).
   import triton  # pylint: disable=g-import-not-at-top
   from triton.backends.compiler import GPUTarget  # pylint: disable=g-import-not-at-top
   os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 = its default
@@ -446,6 +448,7 @@ def main(argv=None) -> int:
     ap.error(f"unknown formats {bad}; choose from {list(FORMATS)}")
   if a.arch not in SMS:
     ap.error(f"--arch {a.arch}: known {sorted(SMS)}")
+  # Lazy: triton is optional (the `aot` extra).
   import triton  # pylint: disable=g-import-not-at-top
   block = BlockConfig(bn=a.bn, bk=a.bk, split_k=a.split_k, num_warps=a.num_warps, num_stages=a.num_stages)
   sm = SMS[a.arch]

@@ -33,6 +33,7 @@ import numpy as np
 
 from lrl_jax.models._tokenizer import Tokenizer, special_ids, write_tokenizer
 from lrl_jax.models.config import ModelConfig
+from lrl_jax.quant import QArray, path_str
 
 # safetensors dtype strings -> numpy dtypes (bf16 and fp8 through ml_dtypes).
 ST_DTYPES: dict[str, np.dtype] = {
@@ -221,8 +222,6 @@ def hf_tensors_from_tree(cfg: ModelConfig, params, *, dtype=None) -> dict[str, n
 
 def check_tree(cfg: ModelConfig, params, *, allow_qarray: bool = False):
   """Raises ValueError unless `params` has exactly the paths and shapes of `layout(cfg)`."""
-  from lrl_jax.quant import QArray, path_str  # local: quant is a sibling package
-
   leaves = jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, QArray))
   got = {path_str(kp): leaf for kp, leaf in leaves}
   want = {}
@@ -324,7 +323,7 @@ class SafetensorsFile:
 
 def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None):
   """Writes `tensors` (NumPy, bf16/fp8 through ml_dtypes) with the safetensors package."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save_file  # lazy: safetensors is optional (the `hf` extra)
 
   save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path),
             metadata={"format": "pt", **(metadata or {})})

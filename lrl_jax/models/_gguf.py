@@ -133,6 +133,7 @@ def _hf_name(gguf_name: str) -> str | None:
 
 
 def _tokenizer(reader, path: Path) -> Tokenizer:
+  # Lazy: tokenizers is optional (the `hf` extra).
   import tokenizers
   from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 
@@ -210,7 +211,7 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str 
     FileNotFoundError; ValueError for an unsupported architecture or tokenizer, or a
     missing, unexpected or wrongly shaped tensor (named, with the file).
   """
-  import gguf
+  import gguf  # lazy: gguf is optional (the `hf` extra)
 
   path = Path(path)
   if not path.is_file():

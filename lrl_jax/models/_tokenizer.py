@@ -70,7 +70,7 @@ def load_tokenizer(path) -> Tokenizer:
   Raises:
     FileNotFoundError if there is no tokenizer.json; ValueError if it does not parse.
   """
-  import tokenizers
+  import tokenizers  # lazy: tokenizers is optional (the `hf` extra)
 
   path = Path(path)
   file = path / "tokenizer.json" if path.is_dir() else path

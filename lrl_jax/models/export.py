@@ -36,7 +36,6 @@ Only the kernels the rules select are quantized; the other linear layers stay de
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
