@@ -1,163 +1,53 @@
-"""Run configuration: one typed, frozen dataclass per component, loaded from YAML plus `key=value` overrides.
+"""Run configuration: the sections of one job, loaded from YAML plus `key=value` overrides.
 
-The dataclasses below are the only schema. A YAML file in `configs/` only sets values:
+  model      the policy (tiny / SmolLM2 / HF directory / GGUF file)      ModelSection
+  quant      the learner's QAT format and the sampler's served format     QuantSection
+  sampler    rollout generation                                           SamplerSection
+  learner    the learner, as the library takes it                         learner.LearnerConfig
+               (learner.correction, learner.value, learner.lora nested)
+  task       prompts and reward                                           TaskSection
+  run        steps, batch sizes, warm-up, seeds, outputs                  RunSection
+
+Each section is a typed frozen dataclass (`lrl_jax.schema`): a YAML file in `configs/` only sets values,
 
   learner:
     lr: 1.0e-4
+    correction:
+      method: tis
   quant:
     learner: int4
     sampler: int4
 
-`load_config(path, ["learner.lr=3e-4", "quant.sampler=fp8"])` applies dotted overrides on top (values
-parsed with `yaml.safe_load`), checks every value against its field's annotation (int, float, bool, str,
-Literal, Optional, tuple) and each section's `__post_init__` rules, and raises `ConfigError` listing the
-valid keys or choices on an unknown key, a wrong type or a bad choice. `Config.dump_yaml()` writes the
-resolved config next to a run; loading it back gives an equal `Config`.
+and `load_config(path, ["learner.lr=3e-4", "learner.correction.method=mis"])` applies dotted overrides on top
+(values parsed with `yaml.safe_load`), checking every value against its field's annotation and each section's
+rules; a `ConfigError` names the key and lists the valid keys or choices. The `learner` section *is*
+`learner.LearnerConfig`: the run only adds what the other sections own (its QAT spec from `quant`, the cosine
+length from `run.steps`). `Config.dump_yaml()` writes the resolved config next to a run; loading it back gives
+an equal `Config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import inspect
-import re
-import types
-import typing
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Mapping, Sequence, Union
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import yaml
 
-__all__ = [
-    "ConfigError", "Config", "ModelSection", "QuantSection", "SamplerSection", "LearnerSection",
-    "CorrectionSection", "ValueSection", "LoraSection", "TaskSection", "RunSection",
-    "load_config", "apply_overrides", "describe",
-]
+from lrl_jax import models, quant
+from lrl_jax.learner.config import LearnerConfig
+from lrl_jax.sampler import SamplingConfig
+from lrl_jax.schema import ConfigError, Schema, check_regex, merge_overrides, suggest
+from lrl_jax.schema import describe as _describe
 
-_PROJ_KERNELS = r"(q|k|v|o|gate|up|down)_proj/kernel$"
+__all__ = ["ConfigError", "Config", "ModelSection", "QuantSection", "SamplerSection", "TaskSection", "RunSection",
+           "SECTIONS", "load_config", "apply_overrides", "describe"]
+
 _DTYPE = Literal["float32", "bfloat16"]
 
 
-class ConfigError(ValueError):
-  """A config value or key is invalid; the message names it and lists what is valid."""
-
-
-# --------------------------------------------------------------------------- type checking
-
-
-@functools.cache
-def _hints(cls) -> dict[str, Any]:
-  return typing.get_type_hints(cls)
-
-
-def _type_name(hint) -> str:
-  origin, args = typing.get_origin(hint), typing.get_args(hint)
-  if origin is Literal:
-    return "one of " + ", ".join(str(a) for a in args)
-  if origin in (Union, types.UnionType):
-    return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
-  if origin is tuple:
-    if len(args) == 2 and args[1] is Ellipsis:
-      return f"a list of {_type_name(args[0])}"
-    return f"a list of {len(args)} values ({', '.join(_type_name(a) for a in args)})"
-  return {bool: "a bool (true / false)", int: "an int", float: "a float", str: "a string"}.get(hint, str(hint))
-
-
-def _coerce(value, hint, key: str):
-  """`value` checked against the annotation `hint` (ints widen to float, lists become tuples)."""
-  origin, args = typing.get_origin(hint), typing.get_args(hint)
-  bad = ConfigError(f"{key}={value!r} must be {_type_name(hint)}")
-  if origin in (Union, types.UnionType):
-    if value is None and type(None) in args:
-      return None
-    for a in (a for a in args if a is not type(None)):
-      try:
-        return _coerce(value, a, key)
-      except ConfigError:
-        pass
-    raise bad
-  if origin is Literal:
-    if any(type(value) is type(a) and value == a for a in args):
-      return value
-    raise bad
-  if origin is tuple:
-    if not isinstance(value, (list, tuple)):
-      raise bad
-    if len(args) == 2 and args[1] is Ellipsis:
-      return tuple(_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
-    if len(value) != len(args):
-      raise bad
-    return tuple(_coerce(v, a, f"{key}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-  if hint is bool:
-    if isinstance(value, bool):
-      return value
-    raise bad
-  if hint is int:
-    if isinstance(value, int) and not isinstance(value, bool):
-      return value
-    raise bad
-  if hint is float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value)
-    if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
-      try:
-        return float(value)
-      except ValueError:
-        pass
-    raise bad
-  if hint is str:
-    if isinstance(value, str):
-      return value
-    raise bad
-  raise TypeError(f"{key}: unsupported annotation {hint!r}")  # a schema bug, not a user error
-
-
-def _is_text(hint) -> bool:
-  """Whether the field takes a string (str, or a Literal of strings), Optional or not."""
-  origin, args = typing.get_origin(hint), typing.get_args(hint)
-  if origin in (Union, types.UnionType):
-    return any(_is_text(a) for a in args if a is not type(None))
-  if origin is Literal:
-    return all(isinstance(a, str) for a in args)
-  return hint is str
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class _Section:
-  """Base of every section: type-checks each field against its annotation, then runs `_validate`."""
-
-  section: ClassVar[str] = ""
-
-  def __post_init__(self):
-    for f in dataclasses.fields(self):
-      object.__setattr__(self, f.name, _coerce(getattr(self, f.name), _hints(type(self))[f.name],
-                                               f"{self.section}.{f.name}"))
-    self._validate()
-
-  def _validate(self) -> None:
-    pass
-
-  def _set(self, name: str, value) -> None:  # frozen: resolve a default once, in _validate
-    object.__setattr__(self, name, value)
-
-  def _check(self, ok: bool, name: str, rule: str) -> None:
-    if not ok:
-      raise ConfigError(f"{self.section}.{name}={getattr(self, name)!r} {rule}")
-
-
-def _check_regex(section: _Section, name: str) -> None:
-  try:
-    re.compile(getattr(section, name))
-  except re.error as e:
-    raise ConfigError(f"{section.section}.{name}={getattr(section, name)!r} is not a valid regex ({e})") from None
-
-
-# --------------------------------------------------------------------------- sections
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ModelSection(_Section):
+class ModelSection(Schema):
   """The policy model. The tiny-model sizes apply to source "tiny" only (its vocabulary is the task's)."""
 
   section: ClassVar[str] = "model"
@@ -196,16 +86,14 @@ class ModelSection(_Section):
     the compute dtype of the side that runs it: learner.compute_dtype or sampler.dtype)."""
     if self.source != "tiny":
       raise ConfigError(f"model.source={self.source!r}: only the tiny model is built from these sizes")
-    from lrl_jax.models import ModelConfig
-
-    return ModelConfig(arch=self.arch, vocab_size=vocab_size, hidden_size=self.hidden_size,
+    return models.ModelConfig(arch=self.arch, vocab_size=vocab_size, hidden_size=self.hidden_size,
                        intermediate_size=self.intermediate_size, num_layers=self.num_layers,
                        num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, rope_theta=self.rope_theta,
                        tie_word_embeddings=self.tie_word_embeddings, dtype=dtype, param_dtype=self.dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class QuantSection(_Section):
+class QuantSection(Schema):
   """Formats of the learner's QAT forward and of the sampler's served weights (lrl_jax.quant specs)."""
 
   section: ClassVar[str] = "quant"
@@ -218,7 +106,7 @@ class QuantSection(_Section):
   fp8_granularity: Literal["channel", "block"] = "channel"  # FP8 weight scale per output channel or per fp8_block² tile
   fp8_block: int = 128  # FP8 tile edge when fp8_granularity is block
   act: Literal["none", "fp8"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token dynamic E4M3
-  targets: str = _PROJ_KERNELS  # regex on '/'-joined parameter paths of the quantized layers
+  targets: str = quant.DEFAULT_TARGETS  # regex on '/'-joined parameter paths of the quantized layers (learner and sampler)
 
   def _validate(self):
     self._check(self.group_size in (16, 32, 64, 128, 256), "group_size", "must be one of 16, 32, 64, 128, 256")
@@ -232,12 +120,10 @@ class QuantSection(_Section):
     self._check(self.learner in ("none", self.sampler), "learner",
                 f"needs quant.sampler={self.learner!r} (QAT trains for the format the sampler serves); "
                 f"got quant.sampler={self.sampler!r}")
-    _check_regex(self, "targets")
+    check_regex(self, "targets")
 
   def spec(self, fmt: str):
     """The `lrl_jax.quant` spec of a format name of this section ("none" and "bf16" -> None)."""
-    from lrl_jax import quant
-
     if fmt in ("none", "bf16"):
       return None
     return {"int4": lambda: quant.Int4(group_size=self.group_size, scheme=self.int4_scheme,
@@ -258,15 +144,11 @@ class QuantSection(_Section):
   @property
   def act_spec(self):
     """Spec of the sampler's activations (per-token FP8), or None."""
-    from lrl_jax import quant
-
     return quant.FP8(granularity="token") if self.act == "fp8" else None
 
   def rules(self, spec):
-    """`QuantRules` sending the `targets` kernels to `spec`; embeddings, lm_head, norms, routers, biases kept."""
-    from lrl_jax.quant.rules import DEFAULT_KEEP, QuantRules
-
-    return QuantRules(rules=tuple((p, None) for p in DEFAULT_KEEP) + ((self.targets, spec),))
+    """`QuantRules` sending the `targets` kernels to `spec` (`QuantRules.default`)."""
+    return quant.QuantRules.default(spec, targets=self.targets)
 
   @property
   def block(self) -> int | None:
@@ -276,7 +158,7 @@ class QuantSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SamplerSection(_Section):
+class SamplerSection(Schema):
   """Rollout generation (lrl_jax.sampler.SamplingConfig)."""
 
   section: ClassVar[str] = "sampler"
@@ -300,159 +182,13 @@ class SamplerSection(_Section):
 
   def sampling(self, *, eos_id, pad_id: int, evaluation: bool = False):
     """The `lrl_jax.sampler.SamplingConfig` of rollouts (or of evaluation: `eval_temperature`)."""
-    from lrl_jax.sampler import SamplingConfig
-
     return SamplingConfig(max_new_tokens=self.max_new_tokens,
                           temperature=self.eval_temperature if evaluation else self.temperature,
                           top_k=self.top_k, top_p=self.top_p, eos_id=eos_id, pad_id=pad_id)
 
 
-_AGG = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnerSection(_Section):
-  """Optimizer, precision and policy loss of the learner (lrl_jax.losses for the formulas)."""
-
-  section: ClassVar[str] = "learner"
-
-  lr: float = 1e-5  # AdamW peak learning rate of the RL steps
-  sft_lr: float | None = None  # learning rate of the supervised warm-up steps; null = lr
-  weight_decay: float = 0.0  # AdamW decoupled weight decay
-  grad_clip: float = 1.0  # global-norm gradient clipping threshold (0 = off)
-  warmup_steps: int = 0  # linear learning-rate warm-up steps
-  schedule: Literal["constant", "cosine"] = "constant"  # learning rate after warm-up
-  micro_batches: int = 1  # gradient-accumulation splits of each minibatch
-  compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
-  opt_state_dtype: _DTYPE = "float32"  # AdamW moment dtype
-  remat: bool = False  # recompute each decoder block in the backward pass (saves memory)
-  qat_start_step: int = 0  # learner step (RL updates) at which QAT switches on; the supervised warm-up runs without QAT when > 0
-  qat_warmup_steps: int = 0  # fade QAT in over this many learner steps: w + α·(ŵ − w), α → 1 (0 = at once)
-  qat_init: Literal["default", "grid"] = "default"  # grid: start the quantized kernels on their own INT4 grid (INT4-aware init)
-  int4_update_clip: float | None = None  # k: no INT4 weight moves more than k grid steps per update (null = off)
-  policy_loss: Literal["grpo", "ppo", "gspo"] = "grpo"  # grpo: group advantages; ppo: GAE on a critic; gspo: sequence ratio
-  advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # group baseline: (r − mean)/std, r − mean, or leave-one-out
-  clip_eps_low: float | None = None  # ratio clip below 1 − ε_low; null = the loss's default (0.2; gspo 3e-4)
-  clip_eps_high: float | None = None  # ratio clip above 1 + ε_high; null = the loss's default (0.28 DAPO; gspo 4e-4)
-  dual_clip_c: float | None = None  # dual-clip bound c > 1 for negative advantages; null = off
-  agg: _AGG = "token-mean"  # loss aggregation over tokens and sequences (lrl_jax.losses.aggregate)
-  kl_coef: float = 0.0  # β of the KL penalty to a frozen reference policy (0 = no reference model)
-  kl_estimator: Literal["k1", "k2", "k3"] = "k3"  # KL estimator (Schulman 2020)
-  entropy_coef: float = 0.0  # weight of the entropy bonus
-  minibatches: int = 1  # K: each rollout batch is split into K minibatches, one optimizer update each
-  mesh: tuple[int, int, int] = (-1, 1, 1)  # learner mesh (data, fsdp, tensor) sizes; one -1 = the remaining devices
-
-  def _validate(self):
-    self._check(self.lr > 0, "lr", "must be > 0")
-    self._check(self.sft_lr is None or self.sft_lr > 0, "sft_lr", "must be > 0 or null")
-    self._check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
-    self._check(self.grad_clip >= 0, "grad_clip", "must be >= 0")
-    self._check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
-    self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
-    self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
-    self._check(self.qat_start_step >= 0, "qat_start_step", "must be >= 0")
-    self._check(self.qat_warmup_steps >= 0, "qat_warmup_steps", "must be >= 0")
-    self._check(self.int4_update_clip is None or self.int4_update_clip > 0, "int4_update_clip", "must be > 0 or null")
-    low, high = (3e-4, 4e-4) if self.policy_loss == "gspo" else (0.2, 0.28)
-    if self.clip_eps_low is None:
-      self._set("clip_eps_low", low)
-    if self.clip_eps_high is None:
-      self._set("clip_eps_high", high)
-    self._check(0 < self.clip_eps_low < 1, "clip_eps_low", "must be in (0, 1)")
-    self._check(self.clip_eps_high > 0, "clip_eps_high", "must be > 0")
-    self._check(self.dual_clip_c is None or self.dual_clip_c > 1, "dual_clip_c", "must be > 1 or null")
-    self._check(self.kl_coef >= 0, "kl_coef", "must be >= 0")
-    self._check(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
-    self._check(all(m == -1 or m >= 1 for m in self.mesh) and list(self.mesh).count(-1) <= 1, "mesh",
-                "must hold sizes >= 1 and at most one -1")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class CorrectionSection(_Section):
-  """Train-inference mismatch correction (lrl_jax.losses.corrections)."""
-
-  section: ClassVar[str] = "correction"
-
-  method: Literal["none", "tis", "mis", "acrl"] = "none"  # none, truncated IS (TIS), masked IS (MIS) or ACRL
-  level: Literal["token", "sequence", "geometric"] | None = None  # tis: token | sequence; mis: also geometric; null: first
-  clip_c: float = 2.0  # C: TIS truncation min(π/μ, C) and ACRL's clip
-  lo: float = 0.5  # MIS keeps a sample iff lo <= ρ <= hi
-  hi: float = 2.0  # MIS upper bound
-  gamma: float = 0.65  # ACRL gain γ in α = γ·sign(A)·(1 − Y/X)
-  acrl_x: float | None = None  # ACRL reference discrepancy X; null = measured on the first batch
-  batch_normalize: bool = False  # TIS: divide the weights by their batch mean
-
-  def _validate(self):
-    levels = {"tis": ("token", "sequence"), "mis": ("sequence", "geometric", "token"), "none": (), "acrl": ()}
-    if self.level is None and levels[self.method]:
-      self._set("level", levels[self.method][0])
-    valid = levels[self.method]
-    self._check(self.level in valid if valid else self.level is None, "level",
-                f"must be one of {', '.join(valid)} for method {self.method}" if valid
-                else f"must be null for method {self.method}")
-    self._check(self.clip_c > 0, "clip_c", "must be > 0")
-    self._check(0 <= self.lo < self.hi, "lo", f"must be >= 0 and < hi={self.hi}")
-    self._check(self.gamma > 0, "gamma", "must be > 0")
-    self._check(self.acrl_x is None or self.acrl_x > 0, "acrl_x", "must be > 0 or null")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ValueSection(_Section):
-  """PPO critic, optionally with quantized advantage estimation (QAE; lrl_jax.losses.value).
-
-  The defaults are a plain critic (no quantization, MSE only, no smoothing); QAE sets quantized,
-  alpha and beta.
-  """
-
-  section: ClassVar[str] = "value"
-
-  enabled: bool = False  # train a value head (critic) for PPO's GAE advantages
-  quantized: bool = False  # QAE: values are multiples of a learnable step Δ
-  delta0: float = 0.1  # QAE initial step Δ₀
-  schedule: Literal["step", "constant"] = "step"  # Δ multiplier: step = 3, 2, then 1 at the boundaries; constant = 1
-  boundaries: tuple[int, ...] = (1000, 5000)  # steps where the step schedule's multiplier drops
-  alpha: float = 0.0  # weight of the quantile loss against the MSE (0 = MSE only)
-  quantile_levels: tuple[float, ...] = (0.5,)  # quantile levels τ of the value heads
-  beta: float = 1.0  # advantage smoothing A' = βA_t + (1 − β)A_prev (1 = off)
-  coef: float = 0.5  # weight of the value loss in the total loss
-  gamma: float = 1.0  # GAE discount γ
-  lam: float = 0.95  # GAE λ
-  lr: float | None = None  # critic learning rate; null = learner.lr
-
-  def _validate(self):
-    self._check(self.delta0 > 0, "delta0", "must be > 0")
-    b = self.boundaries
-    self._check(all(x > 0 for x in b) and all(x < y for x, y in zip(b, b[1:])), "boundaries",
-                "must be positive and strictly increasing")
-    self._check(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
-    self._check(len(self.quantile_levels) >= 1 and all(0 < t < 1 for t in self.quantile_levels),
-                "quantile_levels", "must be one or more levels in (0, 1)")
-    self._check(0 <= self.beta <= 1, "beta", "must be in [0, 1]")
-    self._check(self.coef >= 0, "coef", "must be >= 0")
-    self._check(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
-    self._check(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
-    self._check(self.lr is None or self.lr > 0, "lr", "must be > 0 or null")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LoraSection(_Section):
-  """LoRA adapters over a frozen (possibly low-bit) base (lrl_jax.models.LoraConfig)."""
-
-  section: ClassVar[str] = "lora"
-
-  enabled: bool = False  # train only LoRA adapters; the base stays frozen
-  rank: int = 8  # adapter rank r
-  alpha: float = 16.0  # adapter scale α (output scaled by α / r)
-  targets: str = _PROJ_KERNELS  # regex on stacked weight paths that get adapters
-
-  def _validate(self):
-    self._check(self.rank > 0, "rank", "must be > 0")
-    self._check(self.alpha > 0, "alpha", "must be > 0")
-    _check_regex(self, "targets")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TaskSection(_Section):
+class TaskSection(Schema):
   """The verifiable-reward task (lrl_jax.tasks)."""
 
   section: ClassVar[str] = "task"
@@ -481,7 +217,7 @@ class TaskSection(_Section):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RunSection(_Section):
+class RunSection(Schema):
   """Steps, batch sizes, seeds and outputs of a run."""
 
   section: ClassVar[str] = "run"
@@ -491,6 +227,7 @@ class RunSection(_Section):
   sft_steps: int = 0  # supervised warm-up steps on the task's answers before RL
   batch_prompts: int = 16  # prompts per RL step (each sampled G times)
   sft_batch: int | None = None  # sequences per supervised step; null = batch_prompts × sampler.group_size
+  sft_lr: float | None = None  # constant learning rate of the supervised warm-up; null = learner.lr
   eval_every: int = 10  # RL steps between evaluations (0 = only before and after RL)
   ckpt_every: int = 0  # RL steps between checkpoints (0 = only at the end)
   out_dir: str = "runs/default"  # metrics, plots, checkpoints and the resolved config go here
@@ -503,11 +240,25 @@ class RunSection(_Section):
       self._check(getattr(self, name) >= 0, name, "must be >= 0")
     self._check(self.batch_prompts >= 1, "batch_prompts", "must be >= 1")
     self._check(self.sft_batch is None or self.sft_batch >= 1, "sft_batch", "must be >= 1 or null")
+    self._check(self.sft_lr is None or self.sft_lr > 0, "sft_lr", "must be > 0 or null")
     self._check(bool(self.out_dir), "out_dir", "must not be empty")
     self._check(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
 
 
 # --------------------------------------------------------------------------- the whole config
+
+
+def _learner_given(quant_s: QuantSection, run: RunSection, learner: Mapping[str, Any] | LearnerConfig) -> dict:
+  """The `set_by` fields of the learner: QAT spec and targets from `quant`, the cosine length from `run`."""
+  get = (lambda k: getattr(learner, k)) if isinstance(learner, LearnerConfig) else \
+      (lambda k: learner.get(k, getattr(LearnerConfig, k)))
+  total = None
+  try:
+    if get("schedule") == "cosine":
+      total = max(run.steps * int(get("minibatches")), int(get("warmup_steps")) + 1)
+  except (TypeError, ValueError):  # a mistyped value: the learner's own check names it
+    pass
+  return {"qat": quant_s.learner_spec, "qat_targets": quant_s.targets, "total_steps": total}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -517,22 +268,18 @@ class Config:
   model: ModelSection = dataclasses.field(default_factory=ModelSection)  # the policy model
   quant: QuantSection = dataclasses.field(default_factory=QuantSection)  # learner QAT and sampler formats
   sampler: SamplerSection = dataclasses.field(default_factory=SamplerSection)  # rollout generation
-  learner: LearnerSection = dataclasses.field(default_factory=LearnerSection)  # optimizer and policy loss
-  correction: CorrectionSection = dataclasses.field(default_factory=CorrectionSection)  # mismatch correction
-  value: ValueSection = dataclasses.field(default_factory=ValueSection)  # PPO critic / QAE
-  lora: LoraSection = dataclasses.field(default_factory=LoraSection)  # LoRA adapters
+  learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # the learner (lrl_jax.learner)
   task: TaskSection = dataclasses.field(default_factory=TaskSection)  # prompts and reward
-  run: RunSection = dataclasses.field(default_factory=RunSection)  # steps, batches, outputs
+  run: RunSection = dataclasses.field(default_factory=RunSection)  # steps, batches, warm-up, outputs
 
   def __post_init__(self):
-    for f in dataclasses.fields(self):
-      cls = _hints(Config)[f.name]
-      if not isinstance(getattr(self, f.name), cls):
-        raise ConfigError(f"Config.{f.name} must be a {cls.__name__}; got {type(getattr(self, f.name)).__name__}")
+    for name, cls in SECTIONS.items():
+      if not isinstance(getattr(self, name), cls):
+        raise ConfigError(f"Config.{name} must be a {cls.__name__}; got {type(getattr(self, name)).__name__}")
+    given = _learner_given(self.quant, self.run, self.learner)
+    if any(getattr(self.learner, k) != v for k, v in given.items()):
+      object.__setattr__(self, "learner", self.learner.replace(**given))
     m, q, s, lrn, t, r = self.model, self.quant, self.sampler, self.learner, self.task, self.run
-    if (lrn.policy_loss == "ppo") != self.value.enabled:
-      raise ConfigError(f"learner.policy_loss={lrn.policy_loss!r} with value.enabled={self.value.enabled}: "
-                        "ppo needs the critic (value.enabled=true) and the critic is used only by ppo")
     if lrn.policy_loss in ("grpo", "gspo") and s.group_size < 2:
       raise ConfigError(f"sampler.group_size={s.group_size} must be >= 2 for learner.policy_loss={lrn.policy_loss} "
                         "(group advantages compare completions of one prompt)")
@@ -554,13 +301,8 @@ class Config:
                             "choose sizes the format's blocks divide, or a smaller quant.group_size / quant.fp8_block")
 
   def to_dict(self) -> dict[str, dict[str, Any]]:
-    """{section: {field: value}} with tuples as lists (YAML-ready)."""
-    out = {}
-    for f in dataclasses.fields(self):
-      sec = getattr(self, f.name)
-      out[f.name] = {g.name: (list(v) if isinstance(v := getattr(sec, g.name), tuple) else v)
-                     for g in dataclasses.fields(sec)}
-    return out
+    """{section: {key: value}} of every YAML key (nested sections as mappings, tuples as lists)."""
+    return {name: getattr(self, name).to_dict() for name in SECTIONS}
 
   def dump_yaml(self, path=None) -> str:
     """The resolved config as YAML (written to `path` when given); `load_config` reads it back equal."""
@@ -572,79 +314,28 @@ class Config:
 
   @classmethod
   def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "Config":
-    """Builds a Config from {section: {field: value}}; missing sections and fields keep their defaults."""
+    """Builds a Config from {section: {key: value}}; missing sections and keys keep their defaults."""
     if not isinstance(data, Mapping):
-      raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(_SECTIONS)}); "
+      raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}); "
                         f"got {type(data).__name__}")
-    sections = {}
     for name, values in data.items():
-      if name not in _SECTIONS:
-        raise ConfigError(f"{source}: unknown section {name!r}{_suggest(name, _SECTIONS)}; "
-                          f"valid sections: {', '.join(_SECTIONS)}")
-      if values is None:
-        values = {}
-      if not isinstance(values, Mapping):
+      if name not in SECTIONS:
+        raise ConfigError(f"{source}: unknown section {name!r}{suggest(name, list(SECTIONS))}; valid sections: {', '.join(SECTIONS)}")
+      if values is not None and not isinstance(values, Mapping):
         raise ConfigError(f"{source}: section {name!r} must be a mapping of keys to values; "
                           f"got {type(values).__name__}")
-      sec_cls = _SECTIONS[name]
-      keys = [f.name for f in dataclasses.fields(sec_cls)]
-      for k in values:
-        if k not in keys:
-          raise ConfigError(f"{source}: unknown key '{name}.{k}'{_suggest(str(k), keys)}; "
-                            f"valid keys in {name}: {', '.join(keys)}")
-      try:
-        sections[name] = sec_cls(**values)
-      except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+    values = {name: dict(data.get(name) or {}) for name in SECTIONS}
     try:
-      return cls(**sections)
+      built = {name: SECTIONS[name].from_mapping(values[name]) for name in SECTIONS if name != "learner"}
+      built["learner"] = LearnerConfig.from_mapping(
+          values["learner"], **_learner_given(built["quant"], built["run"], values["learner"]))
+      return cls(**built)
     except ConfigError as e:
       raise ConfigError(f"{source}: {e}") from None
 
 
-_SECTIONS: dict[str, type[_Section]] = {f.name: f.default_factory for f in dataclasses.fields(Config)}
-
-
-def _suggest(name: str, valid: Sequence[str]) -> str:
-  close = difflib.get_close_matches(name, valid, n=1)
-  return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _parse_override(item: str) -> tuple[str, str, Any]:
-  if "=" not in item:
-    raise ConfigError(f"override {item!r} must be section.key=value (e.g. learner.lr=1e-4)")
-  key, raw = item.split("=", 1)
-  key = key.strip()
-  if key.count(".") != 1:
-    raise ConfigError(f"override key {key!r} must be section.key; valid sections: {', '.join(_SECTIONS)}")
-  section, field = key.split(".")
-  if section not in _SECTIONS:
-    raise ConfigError(f"unknown section {section!r} in override {item!r}{_suggest(section, _SECTIONS)}; "
-                      f"valid sections: {', '.join(_SECTIONS)}")
-  hints = _hints(_SECTIONS[section])
-  if field not in hints or field == "section":
-    keys = [f.name for f in dataclasses.fields(_SECTIONS[section])]
-    raise ConfigError(f"unknown key '{key}'{_suggest(field, keys)}; valid keys in {section}: {', '.join(keys)}")
-  try:
-    value = yaml.safe_load(raw)
-  except yaml.YAMLError:
-    value = raw
-  # A text field takes the text as written ("task.user_template=12" is "12"; "null" is still null).
-  if _is_text(hints[field]) and not isinstance(value, str) and not (value is None and raw.strip() in
-                                                                     ("null", "~", "Null", "NULL")):
-    value = raw
-  return section, field, value
-
-
-def _merge_overrides(data: dict, overrides: Sequence[str]) -> dict:
-  data = {k: dict(v or {}) if isinstance(v, Mapping) else v for k, v in data.items()}
-  for item in overrides:
-    section, field, value = _parse_override(item)
-    sec = data.setdefault(section, {})
-    if not isinstance(sec, dict):
-      data[section] = sec = {}
-    sec[field] = value
-  return data
+SECTIONS: dict[str, type[Schema]] = {"model": ModelSection, "quant": QuantSection, "sampler": SamplerSection,
+                                     "learner": LearnerConfig, "task": TaskSection, "run": RunSection}
 
 
 def load_config(path=None, overrides: Sequence[str] = ()) -> Config:
@@ -652,7 +343,7 @@ def load_config(path=None, overrides: Sequence[str] = ()) -> Config:
 
   Raises:
     FileNotFoundError: no such file. ConfigError: unknown section or key, wrong type, bad choice or a rule of
-      a section's `__post_init__`, naming the key and listing the valid keys / choices.
+      a section, naming the key and listing the valid keys / choices.
   """
   data: Any = {}
   source = "overrides"
@@ -666,33 +357,15 @@ def load_config(path=None, overrides: Sequence[str] = ()) -> Config:
     except yaml.YAMLError as e:
       raise ConfigError(f"{path}: not valid YAML ({e})") from None
   if not isinstance(data, Mapping):
-    raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(_SECTIONS)}); got {type(data).__name__}")
-  return Config.from_dict(_merge_overrides(dict(data), overrides), source=source)
+    raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}); got {type(data).__name__}")
+  return Config.from_dict(merge_overrides(data, overrides, SECTIONS), source=source)
 
 
 def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:
   """`config` with `section.key=value` overrides applied (same parsing and checks as `load_config`)."""
-  return Config.from_dict(_merge_overrides(config.to_dict(), overrides), source="overrides")
-
-
-@functools.cache
-def _field_comments(cls) -> dict[str, str]:
-  """The one-line comment of each field, read from this module's source (no second copy of the schema)."""
-  out = {}
-  for line in inspect.getsource(cls).splitlines():
-    m = re.match(r"\s+(\w+): [^#]*?#\s*(.*)$", line)
-    if m:
-      out[m.group(1)] = m.group(2)
-  return out
+  return Config.from_dict(merge_overrides(config.to_dict(), overrides, SECTIONS), source="overrides")
 
 
 def describe() -> str:
   """Every section and key with its type, default and comment (for `lrl-jax train --help-config`)."""
-  lines = []
-  for name, cls in _SECTIONS.items():
-    lines.append(f"{name}:  # {(cls.__doc__ or '').strip().splitlines()[0]}")
-    comments = _field_comments(cls)
-    for f in dataclasses.fields(cls):
-      default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-      lines.append(f"  {f.name}: {default!r}  # {_type_name(_hints(cls)[f.name])}. {comments.get(f.name, '')}")
-  return "\n".join(lines)
+  return _describe(SECTIONS)

@@ -261,7 +261,7 @@ Generate with the same weights served four ways (bf16, INT4, FP8 per-channel, NV
 `sampler.serve_params` + `sampler.generate`, sampled at temperature 1, μ = the sampler's own token
 probabilities), then recompute π for the same tokens with a learner forward (`models.forward`, no KV
 cache): once with the plain bf16 learner, once with a QAT learner that fake-quantizes its weights to
-the served format (`qat_rules=QuantRules.default(spec)`). The per-token |π − μ| distributions show how
+the served format (`numerics=Numerics(qat_rules=QuantRules.default(spec))`). The per-token |π − μ| distributions show how
 much of the mismatch QAT removes. Then the importance weights that correct for it (TIS, MIS, ACRL) on the
 same rollouts. Full mode: SmolLM2-135M-Instruct; `LRL_NB_SMALL=1`: the tiny quickstart-shaped model
 (random init, random prompts)."""),
@@ -295,16 +295,16 @@ FORMATS = {"bf16": None, int4.name: int4,
            "fp8": quant.FP8(granularity="channel"), "nvfp4": quant.NVFP4()}
 sampling = sampler.SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, eos_id=eos_id, pad_id=0)
 learner_params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)  # bf16 master cast
-fwd = jax.jit(models.forward, static_argnames=("cfg", "qat_rules"))
+fwd = jax.jit(models.forward, static_argnames=("cfg",))
 
 
 def learner_logprobs(r, rules):
   """log π of the sampled tokens: a cache-free learner forward, QAT-fake-quantized by `rules` if given."""
-  logits, _ = fwd(learner_params, r.tokens_BT, cfg, valid_BT=r.valid_BT, qat_rules=rules)
+  logits, _ = fwd(learner_params, r.tokens, cfg, valid_BT=r.valid, numerics=models.Numerics(qat_rules=rules))
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-  prev = jnp.maximum(sampler.predictor_index(r.valid_BT), 0)  # row s: the logits that predict token s
+  prev = jnp.maximum(sampler.predictor_index(r.valid), 0)  # row s: the logits that predict token s
   logp = jnp.take_along_axis(logp, prev[:, :, None], axis=1)
-  return jnp.take_along_axis(logp, r.tokens_BT[:, :, None], axis=-1)[..., 0]
+  return jnp.take_along_axis(logp, r.tokens[:, :, None], axis=-1)[..., 0]
 
 
 runs = {}
@@ -314,8 +314,8 @@ for name, spec in FORMATS.items():
   rules = None if spec is None else quant.QuantRules.default(spec)
   pi_bf16 = learner_logprobs(r, None)
   pi_qat = pi_bf16 if rules is None else learner_logprobs(r, rules)
-  m = np.asarray(r.mask_BT)
-  mu = np.asarray(r.logprobs_BT)
+  m = np.asarray(r.loss_mask)
+  mu = np.asarray(r.sampler_logp)
   d = {k: np.abs(np.exp(np.asarray(v)) - np.exp(mu))[m] for k, v in (("bf16 learner", pi_bf16), ("QAT learner", pi_qat))}
   runs[name] = dict(r=r, mu=mu, pi_bf16=np.asarray(pi_bf16), pi_qat=np.asarray(pi_qat), mask=m, d=d)
   print(f"{name:6s} served | {m.sum():4d} tokens | mean |π−μ|: bf16 learner {d['bf16 learner'].mean():.2e}, "

@@ -111,8 +111,8 @@ def run_jolt(seeds, *, root: Path, sft_steps: int):
 
   from lrl_jax import models, quant
   from lrl_jax.config import load_config
-  from lrl_jax.rl.loop import prepare_qat_params, supervised_warmup
-  from lrl_jax.rl.setup import build_model, learner_config
+  from lrl_jax.rl.setup import build_model
+  from lrl_jax.rl.warmup import prepare_qat_params, supervised_warmup
 
   rows = []
   for seed in seeds:
@@ -120,9 +120,9 @@ def run_jolt(seeds, *, root: Path, sft_steps: int):
     cfg0 = load_config(CONFIG, base)
     setup = build_model(cfg0)
     sb = setup.task.supervised_batch(0, 128, split="eval")
-    tokens, valid = jnp.asarray(sb.tokens_BT), jnp.asarray(sb.valid_BT)
+    tokens, valid = jnp.asarray(sb.tokens), jnp.asarray(sb.valid)
     mcfg = setup.model_cfg
-    fwd = jax.jit(lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, qat_rules=r)[0], static_argnums=1)
+    fwd = jax.jit(lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, numerics=models.Numerics(qat_rules=r))[0], static_argnums=1)
     params0 = setup.params
     # A run with learner.qat_start_step > 0 warms up without QAT: the weights QAT meets when it switches on.
     # Float training ignores the learned s / z (zero gradient, no weight decay), so one float warm-up per init
@@ -136,7 +136,7 @@ def run_jolt(seeds, *, root: Path, sft_steps: int):
       for init in ("default", "grid"):
         extra = ov + (["learner.qat_init=grid"] if init == "grid" else [])
         cfg = load_config(CONFIG, base + extra)
-        rules = learner_config(cfg).qat_rules
+        rules = cfg.learner.qat_rules
         p_init = prepare_qat_params(cfg, params0)
         kl0, m0 = quant.policy_jolt(fwd, p_init, rules, mask_BT=valid)
         grid_of = "minmax" if cfg.quant.learner_spec.asymmetric else "absmax"
@@ -166,8 +166,9 @@ def run_smollm2(*, root: Path, prompts: int, completions: int, seed: int = 0):
   from lrl_jax import learner as L
   from lrl_jax import losses, models, quant
   from lrl_jax.config import load_config
-  from lrl_jax.rl.loop import encode_prompt_batch, prepare_qat_params
-  from lrl_jax.rl.setup import build_model, learner_config
+  from lrl_jax.rl.loop import encode_prompt_batch
+  from lrl_jax.rl.setup import build_model
+  from lrl_jax.rl.warmup import prepare_qat_params
   from lrl_jax.rl.sync import sync
   from lrl_jax.sampler import generate
 
@@ -180,13 +181,13 @@ def run_smollm2(*, root: Path, prompts: int, completions: int, seed: int = 0):
   prompts_, _ = setup.task.prompts(0, prompts, split="eval")
   tok, val = encode_prompt_batch(setup.task, prompts_)
   tokens, valid = jnp.asarray(tok), jnp.asarray(val)
-  fwd = jax.jit(lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, qat_rules=r)[0], static_argnums=1)
+  fwd = jax.jit(lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, numerics=models.Numerics(qat_rules=r))[0], static_argnums=1)
   out = {"prompts": prompts, "completions": completions, "schemes": {}}
   served_kernels = {}
   for scheme, ov in SCHEMES.items():
     t1 = time.perf_counter()
     cfg = load_config(SMOL_CONFIG, [f"run.seed={seed}", *ov])
-    lcfg = learner_config(cfg)
+    lcfg = cfg.learner
     rules = lcfg.qat_rules
     p = prepare_qat_params(cfg, params)
     # weight error of the array the matmul sees (the bf16 cast), over every quantized kernel
@@ -216,17 +217,14 @@ def run_smollm2(*, root: Path, prompts: int, completions: int, seed: int = 0):
     served = sync(p, cfg)
     enc = setup.task.encoder
     sampling = cfg.sampler.sampling(eos_id=enc.eos_id, pad_id=enc.pad_id, evaluation=False)
-    tk, vl = np.repeat(tok, completions, axis=0), np.repeat(val, completions, axis=0)
-    roll = generate(served, jnp.asarray(tk), jnp.asarray(vl), setup.sampler_cfg, sampling,
-                    jax.random.PRNGKey(seed), cache_dtype=setup.sampler_cfg.dtype)
-    batch = L.Batch(tokens=roll.tokens_BT, loss_mask=roll.mask_BT, sampler_logp=roll.logprobs_BT,
-                    advantages=jnp.zeros(roll.tokens_BT.shape[0]), valid=roll.valid_BT)
-    for name, lc in (("qat", lcfg), ("no_qat", lcfg.replace(qat=None, qat_init="default", int4_update_clip=None))):
-      logp = L.token_logprobs(p, batch, setup.model_cfg, cfg=lc)
-      mm = losses.finalize_metrics(losses.mismatch_metrics(logp, roll.logprobs_BT, roll.mask_BT))
+    roll = generate(served, jnp.asarray(tok), jnp.asarray(val), setup.sampler_cfg, sampling,
+                    jax.random.PRNGKey(seed), group_size=completions, cache_dtype=setup.sampler_cfg.dtype)
+    for name, lc in (("qat", lcfg), ("no_qat", lcfg.without_qat())):
+      logp = L.token_logprobs(p, roll, setup.model_cfg, cfg=lc)
+      mm = losses.finalize_metrics(losses.mismatch_metrics(logp, roll.sampler_logp, roll.loss_mask))
       res[f"mismatch_{name}"] = float(mm["prob_abs_diff_mean"])
       res[f"kl_k3_{name}"] = float(mm["kl_k3"])
-    res["tokens"] = int(np.asarray(roll.mask_BT).sum())
+    res["tokens"] = int(np.asarray(roll.loss_mask).sum())
     res["wall_s"] = time.perf_counter() - t1
     out["schemes"][scheme] = res
     print(f"smollm2 {scheme}: {res}", flush=True)

@@ -1,9 +1,10 @@
-"""lrl_jax.learner — the sharded QAT learner: mesh and logical-axis rules, train state, the RL step, checkpoints.
+"""lrl_jax.learner — the sharded QAT learner: its config, mesh and logical-axis rules, train state, the two jit'd
+functions on a `Rollout` (`prepare_rollout`, `train_step`), checkpoints.
 
 See lrl_jax/learner/README.md.
 """
 
-from lrl_jax.learner.config import CORRECTIONS, POLICY_LOSSES, SCHEDULES, LearnerConfig
+from lrl_jax.learner.config import CORRECTIONS, POLICY_LOSSES, CorrectionConfig, LearnerConfig, ValueConfig
 from lrl_jax.learner.mesh import (
     ACTIVATION_RULES,
     MESH_AXES,
@@ -28,27 +29,30 @@ from lrl_jax.learner.state import (
     trainable_params,
 )
 from lrl_jax.learner.step import (
-    Batch,
     NonFiniteError,
     NonFiniteGuard,
-    compute_old_logprobs,
+    gae_targets,
+    group_advantages,
     learned_qat_start,
-    restarts_learned_scales,
-    compute_values,
     logprobs_from_logits,
+    needs_old_logp,
+    prepare_rollout,
+    restarts_learned_scales,
     token_logprobs,
     train_step,
 )
+from lrl_jax.rollout import Rollout
 from lrl_jax.learner.checkpoint import Checkpointer, abstract_state
 from lrl_jax.learner.multihost import initialize_distributed
 
 __all__ = [
-    "LearnerConfig", "POLICY_LOSSES", "CORRECTIONS", "SCHEDULES",
+    "LearnerConfig", "CorrectionConfig", "ValueConfig", "POLICY_LOSSES", "CORRECTIONS",
     "MESH_AXES", "PARAM_RULES", "ACTIVATION_RULES", "make_mesh", "logical_to_spec", "param_shardings",
     "lora_shardings", "replicated", "batch_sharding", "shard_batch", "activation_rules",
     "TrainState", "create_train_state", "make_optimizer", "make_schedule", "trainable_params",
     "replace_trainable", "state_shardings", "step_key",
-    "Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values", "train_step",
+    "Rollout", "prepare_rollout", "train_step", "group_advantages", "gae_targets", "needs_old_logp",
+    "logprobs_from_logits", "token_logprobs",
     "learned_qat_start", "restarts_learned_scales", "NonFiniteGuard", "NonFiniteError",
     "Checkpointer", "abstract_state", "initialize_distributed",
 ]

@@ -1,238 +1,224 @@
-"""LearnerConfig: the optimizer, numerics, loss and correction settings of the train step.
+"""LearnerConfig: every setting of the learner, once — the library's config and the YAML `learner` section.
 
-Frozen and hashable (a static argument of the jit'd step), validated in `__post_init__`.
+Three frozen, hashable configs (static arguments of the jit'd step), checked in `__post_init__` by
+`lrl_jax.schema` against their annotations and by their own rules:
+
+  LearnerConfig            optimizer, precision, LoRA, QAT schedule, policy loss, advantages, minibatches, mesh
+    .correction: CorrectionConfig   train-inference mismatch correction (TIS / MIS / ACRL)
+    .value: ValueConfig             the critic of policy_loss="ppo" (GAE), optionally QAE
+
+A YAML file sets them under `learner:` (`learner.correction.method: tis`); in Python,
+`LearnerConfig(lr=1e-4, correction=CorrectionConfig(method="tis"))`. Three fields are not YAML keys because the
+run config supplies them from the sections that own them (`schema.set_by`): `qat` and `qat_targets` (the
+`quant` section: the learner trains for the format the sampler serves) and `total_steps` (run.steps ×
+minibatches). A `None` of a setting that says "null = the loss's default" is passed on as "not given", so
+the default lives once, in `lrl_jax.losses`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Literal
+import typing
+from typing import ClassVar, Literal
 
 import jax.numpy as jnp
 
-from lrl_jax import quant
-from lrl_jax.losses import AGG_MODES
+from lrl_jax import losses, quant
+from lrl_jax.losses import AggMode, KLEstimator
+from lrl_jax.models import LoraConfig
+from lrl_jax.schema import Schema, check_regex, set_by
 
-__all__ = ["LearnerConfig", "POLICY_LOSSES", "CORRECTIONS", "SCHEDULES"]
+__all__ = ["LearnerConfig", "CorrectionConfig", "ValueConfig", "POLICY_LOSSES", "CORRECTIONS",
+           "UNQUANTIZED_DELTA"]
 
-POLICY_LOSSES = ("ppo", "gspo")
-CORRECTIONS = ("none", "tis", "mis", "acrl")
-SCHEDULES = ("constant", "cosine")
-_COMPUTE_DTYPES = ("bfloat16", "float32")
-_OPT_DTYPES = ("float32", "bfloat16")
-_KL = ("k1", "k2", "k3")
+_DTYPE = Literal["float32", "bfloat16"]
+PolicyLoss = Literal["grpo", "ppo", "gspo"]
+Correction = Literal["none", "tis", "mis", "acrl"]
+POLICY_LOSSES: tuple[str, ...] = typing.get_args(PolicyLoss)
+CORRECTIONS: tuple[str, ...] = typing.get_args(Correction)
+
+# The levels each correction takes (None: no level); the first is the loss function's default.
+_LEVELS = {"none": (), "acrl": (), "tis": ("token", "sequence"), "mis": ("sequence", "geometric", "token")}
+
+# value.quantized=false: the value head still rounds to a step Δ (one head, one code path); a Δ at
+# `losses.quantize_value`'s floor (1e-4) keeps that rounding far below the scale of 0/1 rewards.
+UNQUANTIZED_DELTA = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LearnerConfig:
-  """Settings of `train_step` (one source of truth; the CLI's YAML only sets these values).
+class CorrectionConfig(Schema):
+  """Train-inference mismatch correction of the policy loss (lrl_jax.losses.corrections)."""
 
-  Attributes:
-    lr: peak learning rate of AdamW.
-    weight_decay: decoupled weight decay (kernels, embeddings and LoRA factors only;
-      norm scales, biases and the value head's Δ are not decayed).
-    b1, b2, eps: Adam's β₁, β₂, ε.
-    grad_clip: clip the gradient's global norm to this (optax `clip_by_global_norm`); None: off.
-    schedule: "constant" (linear warmup then lr) or "cosine" (warmup then cosine to min_lr_ratio·lr).
-    warmup_steps: linear warmup from 0 over this many applied updates.
-    total_steps: length of the cosine schedule (warmup included); required for "cosine".
-    min_lr_ratio: final lr / lr of the cosine schedule.
-    opt_state_dtype: dtype of Adam's first moment μ (optax `mu_dtype`); ν stays float32
-      (a bf16 ν rounds small squared gradients to coarse steps and skews 1/√ν).
-    micro_batches: split the batch into this many micro-batches (rows m, m+M, m+2M, ...),
-      accumulated by `lax.scan`; the result equals the full batch (loss, grads, metrics).
-    compute_dtype: activations and matmul inputs ("bfloat16" or "float32"); the master
-      weights stay float32 and are cast per matmul; log-probs and losses are float32.
-    qat: a `quant` spec (Int4, FP8, MXFP8, NVFP4): the forward fake-quantizes the layer kernels
-      `QuantRules.default(qat)` selects, exactly as the sampler serves them; None: no QAT.
-    qat_targets: regex on '/'-joined parameter paths of the kernels QAT fake-quantizes (default: every
-      attention / MLP projection); embeddings, lm_head, norms, routers and biases are always kept. Must
-      select what the sampler serves (`rl` passes `quant.targets`).
-    qat_start_step: the learner step (`TrainState.step`) at which QAT switches on; before it the
-      forward is plain (float). 0: from the start.
-    qat_warmup_steps: fade QAT in over this many steps from `qat_start_step`: the selected kernels
-      enter the matmul as w + α·(ŵ − w), α = min(1, (step − start + 1) / warmup); exactly ŵ once
-      α = 1. 0: switch on at once. (The INT4 RL write-up warns that an abrupt switch jolts early RL.)
-    qat_init: "grid": a freshly initialised model's quantized kernels start on their own INT4 grid
-      (`quant.int4_aware_init`: fake quant at step 0 changes nothing); "default": the plain init.
-    int4_update_clip: k: clip each INT4 kernel's update to ±k·s of its group after AdamW
-      (`quant.int4_update_clip`: no weight moves more than k grid steps per update). None: off.
-    remat: rematerialize each decoder layer in the backward pass.
-    policy_loss: "ppo" (PPO / GRPO / DAPO / Dr.GRPO, by `agg`) or "gspo".
-    clip_eps_low, clip_eps_high: the clip range ε_low, ε_high (GSPO wants ~3e-4 / 4e-4).
-    dual_clip_c: dual-clip constant c > 1 (PPO only); None: off.
-    agg: loss aggregation, one of `losses.AGG_MODES`.
-    norm_len: L of "seq-mean-token-sum-norm" (Dr.GRPO); None: the padded T.
-    kl_coef: β of the KL(π_θ ‖ π_ref) penalty (needs ref log-probs in the batch).
-    kl_estimator: "k1", "k2" or "k3".
-    entropy_coef: entropy bonus c_H (PPO only).
-    correction: train-inference mismatch correction: "none", "tis", "mis" or "acrl".
-    correction_level: TIS "token" | "sequence"; MIS "sequence" | "geometric" | "token"
-      (ignored by "none" and "acrl"). None: "token" for TIS, "sequence" for MIS.
-    clip_c: truncation C of TIS and ACRL.
-    tis_batch_normalize: TIS weights rescaled to mean 1 over the batch.
-    mis_lo, mis_hi, mis_keep_ratio: MIS acceptance interval and whether kept tokens keep ρ.
-    acrl_gamma: ACRL's control strength γ.
-    value_coef: weight of the value-head loss (when the state has a value head and the batch
-      has returns).
-    value_alpha: α of `losses.value_loss` (quantile vs MSE).
-    value_quantile_levels: the value head's quantile levels τ_k (K = their number).
-    value_delta_schedule: multiply the value head's Δ by `losses.delta_multiplier(step)`.
+  section: ClassVar[str] = "learner.correction"
+
+  method: Correction = "none"  # none, truncated IS (tis), masked IS (mis) or adaptive control (acrl)
+  level: Literal["token", "sequence", "geometric"] | None = None  # tis: token | sequence; mis: + geometric; null: the first
+  clip_c: float = 2.0  # C: TIS truncation min(π_old/μ, C) and ACRL's clip of ρ
+  batch_normalize: bool = False  # tis: rescale the weights to mean 1 over the batch
+  lo: float = 0.5  # mis: keep a sample iff lo <= ρ <= hi
+  hi: float = 2.0  # mis: upper bound of the kept ratios
+  keep_ratio: bool = False  # mis: kept tokens are weighted by ρ (false: by 1)
+  gamma: float = 0.65  # acrl: gain γ in α = γ·sign(A)·(1 − Y/X)
+  acrl_x: float | None = None  # acrl: reference discrepancy X; null = measured on the first batch
+
+  def _validate(self):
+    valid = _LEVELS[self.method]
+    if valid:
+      self._check(self.level is None or self.level in valid, "level",
+                  f"must be one of {', '.join(valid)} for method {self.method}")
+    else:
+      self._check(self.level is None, "level", f"must be null for method {self.method}")
+    self._check(self.clip_c > 1, "clip_c", "must be > 1 (a truncation below 1 would down-weight on-policy tokens)")
+    self._check(0 <= self.lo < self.hi, "lo", f"must be >= 0 and < hi={self.hi}")
+    self._check(self.gamma > 0, "gamma", "must be > 0")
+    self._check(self.acrl_x is None or self.acrl_x > 0, "acrl_x", "must be > 0 or null")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ValueConfig(Schema):
+  """The critic of policy_loss=ppo: GAE advantages from a value head, optionally quantized (QAE; lrl_jax.losses.value).
+
+  The defaults are a plain critic (no quantization, MSE only, no smoothing); QAE sets quantized, alpha, beta.
   """
 
-  lr: float = 1e-6
-  weight_decay: float = 0.0
-  b1: float = 0.9
-  b2: float = 0.999
-  eps: float = 1e-8
-  grad_clip: float | None = 1.0
-  schedule: Literal["constant", "cosine"] = "constant"
-  warmup_steps: int = 0
-  total_steps: int | None = None
-  min_lr_ratio: float = 0.0
-  opt_state_dtype: Literal["float32", "bfloat16"] = "float32"
-  micro_batches: int = 1
-  compute_dtype: Literal["bfloat16", "float32"] = "bfloat16"
-  qat: quant.Spec | None = None
-  qat_targets: str = quant.rules.DEFAULT_QUANTIZE[0]
-  qat_start_step: int = 0
-  qat_warmup_steps: int = 0
-  qat_init: Literal["default", "grid"] = "default"
-  int4_update_clip: float | None = None
-  remat: bool = False
-  policy_loss: Literal["ppo", "gspo"] = "ppo"
-  clip_eps_low: float = 0.2
-  clip_eps_high: float = 0.28
-  dual_clip_c: float | None = None
-  agg: str = "token-mean"
-  norm_len: int | None = None
-  kl_coef: float = 0.0
-  kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-  entropy_coef: float = 0.0
-  correction: Literal["none", "tis", "mis", "acrl"] = "none"
-  correction_level: str | None = None
-  clip_c: float = 2.0
-  tis_batch_normalize: bool = False
-  mis_lo: float = 0.5
-  mis_hi: float = 2.0
-  mis_keep_ratio: bool = False
-  acrl_gamma: float = 0.65
-  value_coef: float = 0.5
-  value_alpha: float = 0.7
-  value_quantile_levels: tuple[float, ...] = (0.5,)
-  value_delta_schedule: bool = True
+  section: ClassVar[str] = "learner.value"
 
-  def __post_init__(self):
-    def bad(name, want):
-      raise ValueError(f"LearnerConfig.{name} must be {want}; got {getattr(self, name)!r}")
+  quantized: bool = False  # QAE: the head's values are multiples of a learnable step Δ
+  delta0: float = 0.1  # QAE: initial step Δ₀
+  schedule: Literal["step", "constant"] = "step"  # QAE: Δ multiplier n+1, n, …, 1 across the boundaries; or 1
+  boundaries: tuple[int, ...] = (1000, 5000)  # QAE: learner updates at which the step schedule's multiplier drops
+  alpha: float = 0.0  # weight of the quantile (pinball) loss against the MSE (0 = MSE only)
+  quantile_levels: tuple[float, ...] = (0.5,)  # quantile levels τ of the value heads (K = their number)
+  beta: float = 1.0  # advantage smoothing A' = βA_t + (1 − β)A_prev (1 = off)
+  coef: float = 0.5  # weight of the value loss in the total loss
+  gamma: float = 1.0  # GAE discount γ
+  lam: float = 0.95  # GAE λ
 
-    def is_num(v):
-      return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-    def is_int(v):
-      return isinstance(v, int) and not isinstance(v, bool)
-
-    for name in ("lr", "eps", "clip_eps_low", "clip_eps_high", "acrl_gamma"):
-      if not (is_num(getattr(self, name)) and getattr(self, name) > 0):
-        bad(name, "a number > 0")
-    for name in ("weight_decay", "kl_coef", "entropy_coef", "value_coef", "min_lr_ratio"):
-      if not (is_num(getattr(self, name)) and getattr(self, name) >= 0):
-        bad(name, "a number >= 0")
-    for name in ("b1", "b2"):
-      if not (is_num(getattr(self, name)) and 0 <= getattr(self, name) < 1):
-        bad(name, "in [0, 1)")
-    if self.grad_clip is not None and not (is_num(self.grad_clip) and self.grad_clip > 0):
-      bad("grad_clip", "None or a number > 0")
-    if self.schedule not in SCHEDULES:
-      bad("schedule", f"one of {SCHEDULES}")
-    if not (is_int(self.warmup_steps) and self.warmup_steps >= 0):
-      bad("warmup_steps", "an int >= 0")
-    if self.schedule == "cosine":
-      if not (is_int(self.total_steps) and self.total_steps > self.warmup_steps):
-        bad("total_steps", f"an int > warmup_steps ({self.warmup_steps}) for schedule='cosine'")
-    elif self.total_steps is not None and not (is_int(self.total_steps) and self.total_steps > 0):
-      bad("total_steps", "None or a positive int")
-    if self.min_lr_ratio > 1:
-      bad("min_lr_ratio", "<= 1")
-    if self.opt_state_dtype not in _OPT_DTYPES:
-      bad("opt_state_dtype", f"one of {_OPT_DTYPES}")
-    if not (is_int(self.micro_batches) and self.micro_batches >= 1):
-      bad("micro_batches", "an int >= 1")
-    if self.compute_dtype not in _COMPUTE_DTYPES:
-      bad("compute_dtype", f"one of {_COMPUTE_DTYPES}")
-    if self.qat is not None:
-      if not isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
-        bad("qat", "None or a quant spec (Int4, FP8, MXFP8, NVFP4)")
-    try:
-      re.compile(self.qat_targets)
-    except (re.error, TypeError) as e:
-      raise ValueError(f"LearnerConfig.qat_targets must be a regular expression; got {self.qat_targets!r} ({e})")
-    for name in ("qat_start_step", "qat_warmup_steps"):
-      if not (is_int(getattr(self, name)) and getattr(self, name) >= 0):
-        bad(name, "an int >= 0")
-    if self.qat_init not in ("default", "grid"):
-      bad("qat_init", "'default' or 'grid'")
-    if self.int4_update_clip is not None:
-      if not (is_num(self.int4_update_clip) and self.int4_update_clip > 0):
-        bad("int4_update_clip", "None or a number of INT4 steps > 0")
-      if not isinstance(self.qat, quant.Int4):
-        bad("int4_update_clip", f"None unless qat is an Int4 spec (qat={self.qat!r})")
-    if self.qat_init == "grid" and self.qat is None:
-      bad("qat_init", "'default' without qat")
-    if not isinstance(self.remat, bool):
-      bad("remat", "a bool")
-    if self.policy_loss not in POLICY_LOSSES:
-      bad("policy_loss", f"one of {POLICY_LOSSES}")
-    if self.dual_clip_c is not None:
-      if not (is_num(self.dual_clip_c) and self.dual_clip_c > 1):
-        bad("dual_clip_c", "None or a number > 1")
-      if self.policy_loss != "ppo":
-        bad("dual_clip_c", "None with policy_loss='gspo'")
-    if self.agg not in AGG_MODES:
-      bad("agg", f"one of {AGG_MODES}")
-    if self.norm_len is not None and not (is_int(self.norm_len) and self.norm_len > 0):
-      bad("norm_len", "None or a positive int")
-    if self.kl_estimator not in _KL:
-      bad("kl_estimator", f"one of {_KL}")
-    if self.entropy_coef and self.policy_loss != "ppo":
-      bad("entropy_coef", "0 with policy_loss='gspo' (gspo_loss has no entropy bonus)")
-    if self.correction not in CORRECTIONS:
-      bad("correction", f"one of {CORRECTIONS}")
-    levels = {"tis": ("token", "sequence"), "mis": ("sequence", "geometric", "token")}
-    if self.correction in levels:
-      if self.correction_level is not None and self.correction_level not in levels[self.correction]:
-        bad("correction_level", f"one of {levels[self.correction]} for correction={self.correction!r}")
-    elif self.correction_level is not None:
-      bad("correction_level", f"None for correction={self.correction!r}")
-    if not (is_num(self.clip_c) and self.clip_c > 1):
-      bad("clip_c", "a number > 1")
-    if not (is_num(self.mis_lo) and is_num(self.mis_hi) and 0 <= self.mis_lo < self.mis_hi):
-      raise ValueError(f"LearnerConfig: need 0 <= mis_lo < mis_hi; got {self.mis_lo}, {self.mis_hi}")
-    for name in ("tis_batch_normalize", "mis_keep_ratio", "value_delta_schedule"):
-      if not isinstance(getattr(self, name), bool):
-        bad(name, "a bool")
-    if not (is_num(self.value_alpha) and 0 <= self.value_alpha <= 1):
-      bad("value_alpha", "in [0, 1]")
-    lv = self.value_quantile_levels
-    if not (isinstance(lv, tuple) and lv and all(is_num(t) and 0 < t < 1 for t in lv)):
-      bad("value_quantile_levels", "a non-empty tuple of numbers in (0, 1)")
+  def _validate(self):
+    self._check(self.delta0 > 0, "delta0", "must be > 0")
+    b = self.boundaries
+    self._check(all(x > 0 for x in b) and all(x < y for x, y in zip(b, b[1:])), "boundaries",
+                "must be positive and strictly increasing")
+    self._check(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
+    self._check(len(self.quantile_levels) >= 1 and all(0 < t < 1 for t in self.quantile_levels),
+                "quantile_levels", "must be one or more levels in (0, 1)")
+    self._check(0 <= self.beta <= 1, "beta", "must be in [0, 1]")
+    self._check(self.coef >= 0, "coef", "must be >= 0")
+    self._check(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
+    self._check(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
 
   @property
-  def level(self) -> str | None:
-    """The correction level in use: `correction_level`, or "token" for TIS / "sequence" for MIS."""
-    if self.correction_level is not None:
-      return self.correction_level
-    return {"tis": "token", "mis": "sequence"}.get(self.correction)
+  def initial_delta(self) -> float:
+    """Δ the value head starts with: delta0 (QAE), else the unquantized floor."""
+    return self.delta0 if self.quantized else UNQUANTIZED_DELTA
+
+  def delta_multiplier(self, step):
+    """The Δ multiplier at learner step `step` (may be traced): n+1, n, …, 1 across the n boundaries for a
+    quantized critic with the step schedule (3, 2, 1 for two: the QAE write-up's 3Δ₀, 2Δ₀, Δ₀), else 1."""
+    if not self.quantized or self.schedule != "step":
+      return jnp.float32(1.0)
+    n = len(self.boundaries)
+    return losses.delta_multiplier(step, boundaries=self.boundaries, multipliers=tuple(float(n + 1 - i) for i in range(n + 1)))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LearnerConfig(Schema):
+  """Optimizer, numerics, policy loss, advantages and corrections of the learner (lrl_jax.losses for the formulas)."""
+
+  section: ClassVar[str] = "learner"
+
+  lr: float = 1e-6  # AdamW peak learning rate
+  weight_decay: float = 0.0  # AdamW decoupled weight decay (kernels, embeddings, LoRA factors; not norms, biases, Δ)
+  b1: float = 0.9  # Adam β₁
+  b2: float = 0.999  # Adam β₂
+  eps: float = 1e-8  # Adam ε
+  grad_clip: float | None = 1.0  # clip the gradient's global norm to this; null = off
+  schedule: Literal["constant", "cosine"] = "constant"  # learning rate after the linear warm-up
+  warmup_steps: int = 0  # linear learning-rate warm-up from 0, in applied updates
+  min_lr_ratio: float = 0.0  # cosine: final lr / lr
+  total_steps: int | None = set_by("run.steps × learner.minibatches")  # cosine schedule length in updates
+  opt_state_dtype: _DTYPE = "float32"  # dtype of Adam's first moment μ (ν stays float32)
+  minibatches: int = 1  # K: each rollout batch is split into K minibatches, one optimizer update each
+  micro_batches: int = 1  # gradient-accumulation splits of each minibatch (exact: same loss and gradient)
+  compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
+  remat: bool = False  # recompute each decoder block in the backward pass (saves memory)
+  lora: LoraConfig | None = None  # train LoRA adapters over the frozen (possibly low-bit) base; null = full fine-tuning
+  qat: quant.Spec | None = set_by("quant.learner")  # format of the QAT forward (fake quant of what is served)
+  qat_targets: str = set_by("quant.targets", quant.DEFAULT_TARGETS)  # regex on the kernels QAT fake-quantizes
+  qat_start_step: int = 0  # learner step at which QAT switches on (0 = from the start)
+  qat_warmup_steps: int = 0  # fade QAT in over this many learner steps: w + α·(ŵ − w), α → 1 (0 = at once)
+  qat_init: Literal["default", "grid"] = "default"  # grid: start the quantized kernels on their own INT4 grid
+  int4_update_clip: float | None = None  # k: no INT4 weight moves more than k grid steps per update; null = off
+  policy_loss: PolicyLoss = "grpo"  # grpo: group advantages; ppo: GAE on a critic (learner.value); gspo: sequence ratio
+  advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # group baseline of grpo / gspo: (r − mean)/std, r − mean, leave-one-out
+  clip_eps_low: float | None = None  # ratio clip below 1 − ε_low; null = the loss's default (0.2; gspo 3e-4)
+  clip_eps_high: float | None = None  # ratio clip above 1 + ε_high; null = the loss's default (0.28; gspo 4e-4)
+  dual_clip_c: float | None = None  # dual-clip bound c > 1 for negative advantages (grpo / ppo); null = off
+  agg: AggMode = "token-mean"  # loss aggregation over tokens and sequences (lrl_jax.losses.aggregate)
+  norm_len: int | None = None  # L of seq-mean-token-sum-norm (Dr.GRPO); null = the padded length T
+  kl_coef: float = 0.0  # β of the KL penalty to the frozen initial policy (0 = no reference model)
+  kl_estimator: KLEstimator = "k3"  # KL estimator (Schulman 2020)
+  entropy_coef: float = 0.0  # weight of the entropy bonus (grpo / ppo)
+  mesh: tuple[int, int, int] = (-1, 1, 1)  # learner mesh (data, fsdp, tensor) sizes; one -1 = the remaining devices
+  correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)  # mismatch correction
+  value: ValueConfig = dataclasses.field(default_factory=ValueConfig)  # the critic (policy_loss=ppo)
+
+  def _validate(self):
+    self._check(self.lr > 0, "lr", "must be > 0")
+    self._check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+    for name in ("b1", "b2"):
+      self._check(0 <= getattr(self, name) < 1, name, "must be in [0, 1)")
+    self._check(self.eps > 0, "eps", "must be > 0")
+    self._check(self.grad_clip is None or self.grad_clip > 0, "grad_clip", "must be > 0 or null")
+    self._check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
+    self._check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
+    if self.schedule == "cosine":
+      self._check(isinstance(self.total_steps, int) and self.total_steps > self.warmup_steps, "total_steps",
+                  f"must be an int > warmup_steps={self.warmup_steps} for schedule=cosine")
+    else:
+      self._check(self.total_steps is None or (isinstance(self.total_steps, int) and self.total_steps > 0),
+                  "total_steps", "must be a positive int or None")
+    self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
+    self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
+    self._check(self.qat is None or isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)), "qat",
+                "must be None or a quant spec (Int4, FP8, MXFP8, NVFP4); from YAML it is quant.learner")
+    check_regex(self, "qat_targets")
+    self._check(self.qat_start_step >= 0, "qat_start_step", "must be >= 0")
+    self._check(self.qat_warmup_steps >= 0, "qat_warmup_steps", "must be >= 0")
+    self._check(self.qat_init == "default" or self.qat is not None, "qat_init",
+                "needs a QAT learner (quant.learner, i.e. LearnerConfig.qat)")
+    if self.int4_update_clip is not None:
+      self._check(self.int4_update_clip > 0, "int4_update_clip", "must be > 0 or null")
+      self._check(isinstance(self.qat, quant.Int4), "int4_update_clip",
+                  f"needs an INT4 QAT learner (quant.learner=int4); the learner's QAT is {self.qat!r}")
+    for name in ("clip_eps_low", "clip_eps_high"):
+      self._check(getattr(self, name) is None or getattr(self, name) > 0, name, "must be > 0 or null")
+    self._check(self.clip_eps_low is None or self.clip_eps_low < 1, "clip_eps_low", "must be < 1")
+    if self.dual_clip_c is not None:
+      self._check(self.dual_clip_c > 1, "dual_clip_c", "must be > 1 or null")
+      self._check(self.policy_loss != "gspo", "dual_clip_c", "must be null for policy_loss=gspo")
+    self._check(self.norm_len is None or self.norm_len > 0, "norm_len", "must be > 0 or null")
+    self._check(self.kl_coef >= 0, "kl_coef", "must be >= 0")
+    self._check(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
+    self._check(self.entropy_coef == 0 or self.policy_loss != "gspo", "entropy_coef",
+                "must be 0 for policy_loss=gspo (gspo_loss has no entropy bonus)")
+    self._check(all(m == -1 or m >= 1 for m in self.mesh) and list(self.mesh).count(-1) <= 1, "mesh",
+                "must hold sizes >= 1 and at most one -1")
+
+  @property
+  def trainable(self) -> str:
+    """"full" (the fp32 masters) or "lora" (adapters over the frozen base): `TrainState.trainable`."""
+    return "full" if self.lora is None else "lora"
+
+  @property
+  def critic(self) -> bool:
+    """Whether the learner trains a value head (policy_loss=ppo: advantages from GAE on it)."""
+    return self.policy_loss == "ppo"
 
   @property
   def qat_rules(self) -> quant.QuantRules | None:
-    """The rules of the QAT forward (the `qat_targets` kernels -> `qat`; the rules the sampler quantizes with),
-    or None."""
-    if self.qat is None:
-      return None
-    keep = tuple((p, None) for p in quant.rules.DEFAULT_KEEP)
-    return quant.QuantRules(rules=keep + ((self.qat_targets, self.qat),))
+    """The rules of the QAT forward (the `qat_targets` kernels -> `qat`; the rules the sampler serves), or None."""
+    return None if self.qat is None else quant.QuantRules.default(self.qat, targets=self.qat_targets)
 
   @property
   def qat_fades(self) -> bool:
@@ -251,5 +237,6 @@ class LearnerConfig:
       return jnp.where(t >= 0, 1.0, 0.0).astype(jnp.float32)
     return jnp.clip((t + 1.0) / self.qat_warmup_steps, 0.0, 1.0).astype(jnp.float32)
 
-  def replace(self, **changes) -> "LearnerConfig":
-    return dataclasses.replace(self, **changes)
+  def without_qat(self) -> "LearnerConfig":
+    """This config with QAT and what only applies to it switched off."""
+    return self.replace(qat=None, qat_start_step=0, qat_warmup_steps=0, qat_init="default", int4_update_clip=None)

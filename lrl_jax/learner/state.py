@@ -26,7 +26,7 @@ from lrl_jax import quant
 from lrl_jax.learner.config import LearnerConfig
 from lrl_jax.learner.mesh import lora_shardings, param_shardings
 from lrl_jax.losses import ACRLState, acrl_init, value_head_init
-from lrl_jax.models import Lora, LoraConfig, ModelConfig, init_lora, init_params
+from lrl_jax.models import Lora, ModelConfig, init_lora, init_params
 
 __all__ = ["TrainState", "make_schedule", "make_optimizer", "trainable_params", "replace_trainable",
            "create_train_state", "state_shardings", "step_key"]
@@ -140,28 +140,27 @@ def _f32_masters(params):
   def cast(x):
     if isinstance(x, quant.QArray):
       raise ValueError("create_train_state: full training needs float parameters; got a QArray leaf "
-                       "(train LoRA adapters over a served base with lora=LoraConfig(...))")
+                       "(train LoRA adapters over a served base: LearnerConfig(lora=LoraConfig(...)))")
     return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
   return jax.tree_util.tree_map(cast, params, is_leaf=lambda x: isinstance(x, quant.QArray))
 
 
 def create_train_state(key: jax.Array, model_cfg: ModelConfig, cfg: LearnerConfig, *, mesh: Mesh | None = None,
-                       params=None, lora: LoraConfig | None = None, value_head: bool = False,
-                       value_delta0: float = 0.1, acrl_x: float | None = None) -> TrainState:
+                       params=None) -> TrainState:
   """Builds the state: eval_shape(init) -> `state_shardings` -> jit(init, out_shardings=...).
+
+  What it holds follows `cfg`: LoRA adapters over a frozen `params` when `cfg.lora` is set (else the fp32
+  masters are trained); a value head (`losses.value_head_init`, K = len(cfg.value.quantile_levels), Δ =
+  `cfg.value.initial_delta`) when `cfg.critic` (policy_loss=ppo); ACRL's reference X = `cfg.correction.acrl_x`
+  (None: measured on the first batch).
 
   Args:
     key: a PRNG key (legacy uint32 [2] or typed); split into init keys and the state's `rng`.
     model_cfg: the model; `init_params` runs when `params` is None.
-    cfg: the learner config (the optimizer).
+    cfg: the learner config.
     mesh: from `make_mesh`; None: one device (default placement).
     params: an existing parameter tree (e.g. a loaded checkpoint). Full training keeps
       float32 copies (the masters); LoRA keeps it as given (float, bf16 or QArray kernels).
-    lora: train only LoRA adapters of this config over a frozen `params`.
-    value_head: add a quantized value head (`losses.value_head_init`, K = number of
-      `cfg.value_quantile_levels`), trained with the policy.
-    value_delta0: Δ₀ of the value head.
-    acrl_x: ACRL's reference discrepancy X; None: measured on the first batch.
 
   Returns:
     The TrainState, each leaf with its sharding on `mesh`.
@@ -171,22 +170,21 @@ def create_train_state(key: jax.Array, model_cfg: ModelConfig, cfg: LearnerConfi
   key = jnp.asarray(key, jnp.uint32)
   if key.shape != (2,):
     raise ValueError(f"create_train_state: key must be a PRNG key (uint32 [2] or typed); got shape {key.shape}")
-  if lora is None and params is not None:
+  if cfg.lora is None and params is not None:
     params = _f32_masters(params)
-  if lora is None and params is None and cfg.qat_init == "grid":
+  if cfg.lora is None and params is None and cfg.qat_init == "grid":
     # INT4-aware init (eager: it checks the fixed point): the same draw init() would make, snapped to its grid.
     k_params = jax.random.split(key, 4)[0]
     params = init_params(model_cfg.replace(param_dtype="float32"), k_params)
     params = quant.int4_aware_init(params, cfg.qat_rules, dtype=jnp.dtype(cfg.compute_dtype))
-  init = _init_fn(model_cfg, cfg, lora, value_head, value_delta0, acrl_x, mesh, params is None)
+  init = _init_fn(model_cfg, cfg, mesh, params is None)
   return init(key, params)
 
 
 @functools.lru_cache(maxsize=64)
-def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, lora: LoraConfig | None, value_head: bool,
-             value_delta0: float, acrl_x: float | None, mesh: Mesh | None, fresh: bool):
+def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh: Mesh | None, fresh: bool):
   """The jit'd initializer for these settings (cached: repeated calls reuse one compilation)."""
-  trainable = "full" if lora is None else "lora"
+  lora, acrl_x = cfg.lora, cfg.correction.acrl_x
   mcfg = model_cfg.replace(param_dtype="float32")
   tx = make_optimizer(cfg)
 
@@ -199,13 +197,13 @@ def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, lora: LoraConfig | None
       params = quant.init_learned(params, cfg.qat_rules, dtype=jnp.dtype(cfg.compute_dtype))
     adapters = None if lora is None else init_lora(model_cfg, lora, k_lora)
     vh = None
-    if value_head:
-      vh = value_head_init(k_value, model_cfg.hidden_size, delta0=value_delta0,
-                           num_quantiles=len(cfg.value_quantile_levels))
+    if cfg.critic:
+      vh = value_head_init(k_value, model_cfg.hidden_size, delta0=cfg.value.initial_delta,
+                           num_quantiles=len(cfg.value.quantile_levels))
     acrl = acrl_init() if acrl_x is None else acrl_init(acrl_x)
     state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None, rng=k_rng, acrl=acrl,
                        skipped=jnp.zeros((), jnp.int32), skipped_in_row=jnp.zeros((), jnp.int32), lora=adapters,
-                       value_head=vh, trainable=trainable)
+                       value_head=vh, trainable=cfg.trainable)
     return state.replace(opt_state=tx.init(trainable_params(state)))
 
   if mesh is None:

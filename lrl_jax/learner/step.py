@@ -1,4 +1,5 @@
-"""The RL train step: π from the (QAT) forward, policy loss + corrections, micro-batching, NaN guard.
+"""The learner's two jit'd functions on a `Rollout`: `prepare_rollout` (advantages, critic values and returns,
+π_old, π_ref) and `train_step` (π from the (QAT) forward, policy loss + corrections, micro-batching, NaN guard).
 
 Log-prob alignment: `token_logprobs(...)[b, t]` is log π(tokens[b, t] | the valid tokens
 before it), computed from the logits at the previous *valid* position (t − 1 unless padding
@@ -27,7 +28,6 @@ import functools
 from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
@@ -35,56 +35,17 @@ from jax import lax
 from jax.sharding import Mesh
 
 from lrl_jax import losses, quant
-from lrl_jax.learner.config import LearnerConfig
-from lrl_jax.learner.mesh import activation_rules
+from lrl_jax.learner.config import LearnerConfig, ValueConfig
+from lrl_jax.learner.mesh import activation_rules, batch_sharding
 from lrl_jax.learner.state import (TrainState, make_optimizer, make_schedule, replace_trainable, state_shardings,
                                    trainable_params)
 from lrl_jax.losses import Max, Mean
-from lrl_jax.models import ACTIVATION_AXES, Lora, ModelConfig, forward_hidden, logits_from_hidden
+from lrl_jax.models import ACTIVATION_AXES, Lora, ModelConfig, Numerics, forward_hidden, logits_from_hidden
+from lrl_jax.rollout import Rollout
 
-__all__ = ["Batch", "logprobs_from_logits", "token_logprobs", "compute_old_logprobs", "compute_values",
+__all__ = ["logprobs_from_logits", "token_logprobs", "group_advantages", "gae_targets", "needs_old_logp",
+           "prepare_rollout",
            "train_step", "learned_qat_start", "restarts_learned_scales", "NonFiniteGuard", "NonFiniteError"]
-
-
-@flax.struct.dataclass
-class Batch:
-  """One learner batch (a pytree; None fields are absent).
-
-  Attributes:
-    tokens: int32 [B, T] prompt + completion tokens.
-    loss_mask: bool [B, T], True on the generated tokens the loss trains on.
-    sampler_logp: f32 [B, T] the sampler's log μ of each token (aligned with `tokens`).
-    advantages: f32 [B] per sequence or [B, T] per token.
-    valid: bool [B, T], False on padding (None: all valid).
-    positions: int32 [B, T] RoPE positions (None: count of valid tokens before each).
-    old_logp: f32 [B, T] log π_old (`compute_old_logprobs`); None: π_old = π_θ detached
-      (one update per batch). Required by the TIS / MIS / ACRL corrections.
-    ref_logp: f32 [B, T] log π_ref for the KL penalty / metric, or None.
-    returns: f32 [B, T] value targets (GAE returns) for the value head, or None.
-  """
-
-  tokens: jax.Array
-  loss_mask: jax.Array
-  sampler_logp: jax.Array
-  advantages: jax.Array
-  valid: jax.Array | None = None
-  positions: jax.Array | None = None
-  old_logp: jax.Array | None = None
-  ref_logp: jax.Array | None = None
-  returns: jax.Array | None = None
-
-  def check(self) -> None:
-    """Raises ValueError naming a field whose shape does not fit tokens [B, T]."""
-    if jnp.ndim(self.tokens) != 2:
-      raise ValueError(f"Batch.tokens must be [B, T]; got shape {jnp.shape(self.tokens)}")
-    bt = tuple(jnp.shape(self.tokens))
-    for name in ("loss_mask", "sampler_logp", "valid", "positions", "old_logp", "ref_logp", "returns"):
-      x = getattr(self, name)
-      if x is not None and tuple(jnp.shape(x)) != bt:
-        raise ValueError(f"Batch.{name} must have the shape of tokens {bt}; got {tuple(jnp.shape(x))}")
-    a = jnp.shape(self.advantages)
-    if a not in (bt[:1], bt):
-      raise ValueError(f"Batch.advantages must be [B] or [B, T] with [B, T] = {bt}; got {a}")
 
 
 # --------------------------------------------------------------------------- log-probs
@@ -141,23 +102,28 @@ def _compute_cfg(model_cfg: ModelConfig, cfg: LearnerConfig) -> ModelConfig:
   return model_cfg if model_cfg.dtype == cfg.compute_dtype else model_cfg.replace(dtype=cfg.compute_dtype)
 
 
-def _policy(params, lora, batch: Batch, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
+def _numerics(cfg: LearnerConfig, qat_alpha) -> Numerics:
+  """The learner's matmul numerics: QAT on the rules of `cfg` (faded in by α when scheduled)."""
+  return Numerics(qat_rules=cfg.qat_rules, qat_alpha=qat_alpha)
+
+
+def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
   """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
-  h, _ = forward_hidden(params, batch.tokens, mcfg, positions_BT=batch.positions, valid_BT=batch.valid,
-                        qat_rules=cfg.qat_rules, lora=lora, remat=cfg.remat, qat_alpha=cfg.qat_alpha(step))
+  h, _ = forward_hidden(params, r.tokens, mcfg, positions_BT=r.positions, valid_BT=r.valid,
+                        numerics=_numerics(cfg, cfg.qat_alpha(step)), lora=lora, remat=cfg.remat)
   logits = nn.with_logical_constraint(logits_from_hidden(params, h, mcfg), ACTIVATION_AXES["logits_BTV"])
-  out = logprobs_from_logits(logits, batch.tokens, batch.valid, with_entropy=with_entropy)
+  out = logprobs_from_logits(logits, r.tokens, r.valid, with_entropy=with_entropy)
   return (out if with_entropy else (out, None)) + (h,)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"))
-def token_logprobs(params, batch: Batch, model_cfg: ModelConfig, *, cfg: LearnerConfig | None = None,
+def token_logprobs(params, rollout: Rollout, model_cfg: ModelConfig, *, cfg: LearnerConfig | None = None,
                    lora: Lora | None = None, step=None) -> jax.Array:
   """log π(tokens[b, t] | tokens before) [B, T] f32 under the learner's numerics (compute dtype, QAT).
 
   Args:
     params: model parameters (float masters, or a served tree with QArray kernels).
-    batch: tokens, valid, positions are used.
+    rollout: tokens, valid, positions are used.
     model_cfg: the model.
     cfg: learner config giving compute dtype and QAT (None: `model_cfg.dtype`, no QAT).
     lora: adapters, or None.
@@ -167,9 +133,9 @@ def token_logprobs(params, batch: Batch, model_cfg: ModelConfig, *, cfg: Learner
   mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
   cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
   alpha = None if step is None else cfg.qat_alpha(step)
-  h, _ = forward_hidden(params, batch.tokens, mcfg, positions_BT=batch.positions, valid_BT=batch.valid,
-                        qat_rules=cfg.qat_rules, lora=lora, qat_alpha=alpha)
-  return logprobs_from_logits(logits_from_hidden(params, h, mcfg), batch.tokens, batch.valid)
+  h, _ = forward_hidden(params, rollout.tokens, mcfg, positions_BT=rollout.positions, valid_BT=rollout.valid,
+                        numerics=_numerics(cfg, alpha), lora=lora)
+  return logprobs_from_logits(logits_from_hidden(params, h, mcfg), rollout.tokens, rollout.valid)
 
 
 # --------------------------------------------------------------------------- micro-batches
@@ -188,7 +154,7 @@ def _unsplit(x):
 
 def _check_micro(B: int, m: int):
   if B % m:
-    raise ValueError(f"LearnerConfig.micro_batches={m} must divide the batch size B={B}")
+    raise ValueError(f"learner.micro_batches={m} must divide the batch size B={B}")
 
 
 @contextlib.contextmanager
@@ -207,78 +173,149 @@ def _adapters(state_like: TrainState, policy) -> tuple[Any, Lora | None]:
   return state_like.params, Lora(params=policy, config=state_like.lora.config)
 
 
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"))
-def compute_old_logprobs(state: TrainState, batch: Batch, ref_params=None, *, model_cfg: ModelConfig,
-                         cfg: LearnerConfig, mesh: Mesh | None = None):
-  """π_old (the current state's log-probs, detached) and π_ref (a reference tree's), [B, T] f32 each.
+# --------------------------------------------------------------------------- before the updates
 
-  Runs in `cfg.micro_batches` chunks (`lax.map`) with the learner's numerics (compute dtype,
-  QAT, LoRA). `ref_params`: a full parameter tree evaluated without adapters (e.g. the
-  initial policy; for LoRA runs, the frozen base itself), or None (then ref_logp is None).
+
+def group_advantages(rewards_B, cfg: LearnerConfig, *, group_size: int) -> jax.Array:
+  """f32 [B] outcome advantages of the group estimator `cfg.advantage` (groups of `group_size` contiguous rows)."""
+  fn = {"grpo": losses.grpo_advantages, "dr_grpo": losses.dr_grpo_advantages,
+        "rloo": losses.rloo_advantages}[cfg.advantage]
+  return fn(jnp.asarray(rewards_B, jnp.float32), group_size=group_size)
+
+
+def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> tuple[jax.Array, jax.Array]:
+  """GAE advantages [B, T] and the critic's targets [B, T] for outcome rewards (Schulman et al. 2016).
+
+  V(s_t), the value of the state in which token t is chosen, is the head's output at the position that predicts
+  t (the last valid slot before t). The outcome reward sits on the last generated token. The head at position t
+  is trained towards targets[t] = R_{t+1}, the GAE return of the next generated token (0 after the last one:
+  terminal), so the head at a position predicts the value of the state it predicts from. (The prompt's last
+  position, which predicts the first token, is outside the loss mask and gets no target.) Then QAE smoothing
+  (`vcfg.beta` < 1) and whitening over the batch.
+
+  Args:
+    values_BT: f32 [B, T] (or [B, T, K] quantile heads, averaged) head outputs per position.
+    rewards_B: f32 [B]. valid_BT, mask_BT: bool [B, T] (`Rollout.valid`, `Rollout.loss_mask`).
+    vcfg: gamma, lam, beta.
+  """
+  values = jnp.asarray(values_BT, jnp.float32)
+  if values.ndim == 3:
+    values = values.mean(-1)
+  mask = jnp.asarray(mask_BT).astype(bool)
+  prev, _ = _prev_next(jnp.asarray(valid_BT).astype(bool))
+  v_state = jnp.where(mask, jnp.take_along_axis(values, jnp.maximum(prev, 0), axis=1), 0.0)
+  B, T = mask.shape
+  last = T - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+  has = jnp.any(mask, axis=1)
+  r_BT = jnp.zeros((B, T), jnp.float32).at[jnp.arange(B), last].set(
+      jnp.where(has, jnp.asarray(rewards_B, jnp.float32), 0.0))
+  adv, ret = losses.gae_advantages(r_BT, v_state, mask, gamma=vcfg.gamma, lam=vcfg.lam)
+  if vcfg.beta < 1:
+    adv = losses.smooth_advantages(adv, mask, beta=vcfg.beta)
+  adv = losses.normalize_advantages(adv, mask)
+  targets = jnp.concatenate([ret[:, 1:] * mask[:, 1:], jnp.zeros((B, 1), jnp.float32)], axis=1)
+  return adv, jnp.where(mask, targets, 0.0)
+
+
+def _mismatch(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
+  """The train-inference mismatch metrics of π_old vs μ on the loss mask (`losses.mismatch_metrics`)."""
+  return losses.finalize_metrics(losses.mismatch_metrics(old_logp, sampler_logp, mask))
+
+
+def needs_old_logp(cfg: LearnerConfig) -> bool:
+  """Whether π_old must be computed before the updates: K > 1 minibatches (later ones see an updated π) or a
+  correction (its weights compare π_old with μ)."""
+  return cfg.minibatches > 1 or cfg.correction.method != "none"
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "with_old_logp"))
+def prepare_rollout(state: TrainState, rollout: Rollout, ref_params=None, *, model_cfg: ModelConfig,
+                    cfg: LearnerConfig, mesh: Mesh | None = None,
+                    with_old_logp: bool | None = None) -> tuple[Rollout, dict[str, jax.Array]]:
+  """Fills in what the learner needs before its updates, on device: the fields of `rollout` that are None.
+
+  * advantages: `group_advantages` of the rewards (grpo / gspo), or GAE on the critic (`gae_targets`, ppo; with
+    `returns`, the critic's targets, and `values`, its outputs);
+  * old_logp: π_old under the learner's numerics, when `with_old_logp` (None: `needs_old_logp(cfg)`; off-policy
+    rollouts need it too);
+  * ref_logp: π_ref of `ref_params` (a full parameter tree evaluated without adapters: the initial policy, or
+    for LoRA runs the frozen base itself), when given.
+
+  One forward of the policy serves π_old and the values (in `cfg.micro_batches` chunks, `lax.map`); a rollout
+  that needs neither (GRPO, K = 1, no correction) costs no forward at all.
 
   Returns:
-    (old_logp [B, T], ref_logp [B, T] or None).
+    (rollout, metrics): metrics holds "mismatch/<name>" of π_old vs μ on the whole batch when π_old was computed
+    (the mismatch proper when K > 1 updates follow; `train_step` sees π after the earlier minibatches).
   """
-  batch.check()
+  rollout.check()
+  want_old = needs_old_logp(cfg) if with_old_logp is None else with_old_logp
+  want_old = want_old and rollout.old_logp is None
+  want_values = cfg.critic and rollout.values is None
+  want_ref = ref_params is not None and rollout.ref_logp is None
+  if cfg.critic and state.value_head is None:
+    raise ValueError("prepare_rollout: policy_loss=ppo needs a state with a value head (create_train_state with "
+                     "the same config)")
   mcfg = _compute_cfg(model_cfg, cfg)
   M = cfg.micro_batches
-  _check_micro(batch.tokens.shape[0], M)
+  _check_micro(rollout.size, M)
   params, lora = _adapters(state, state.params if state.trainable == "full" else state.lora.params)
-  mbs = jax.tree_util.tree_map(lambda x: _split(x, M), batch)
+  mult = cfg.value.delta_multiplier(state.step)
 
   def one(mb):
-    old = _policy(params, lora, mb, mcfg, cfg, step=state.step)[0]
-    ref = None if ref_params is None else _policy(ref_params, None, mb, mcfg, cfg, step=state.step)[0]
-    return old, ref
+    out = {}
+    if want_old or want_values:
+      logp, _, h = _policy(params, lora, mb, mcfg, cfg, step=state.step)
+      if want_old:
+        out["old_logp"] = lax.stop_gradient(logp)
+      if want_values:
+        out["values"] = losses.value_head_apply(state.value_head, h, delta_mult=mult)[0]
+    if want_ref:
+      out["ref_logp"] = lax.stop_gradient(_policy(ref_params, None, mb, mcfg, cfg, step=state.step)[0])
+    return out
 
-  with _mesh_ctx(mesh):
-    old, ref = lax.map(one, mbs)
-  old = lax.stop_gradient(_unsplit(old))
-  return old, None if ref is None else lax.stop_gradient(_unsplit(ref))
-
-
-@functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"))
-def compute_values(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: LearnerConfig,
-                   mesh: Mesh | None = None) -> jax.Array:
-  """The value head's V_q [B, T] (or [B, T, K]) on the final hidden states (for GAE)."""
-  if state.value_head is None:
-    raise ValueError("compute_values: the state has no value head (create_train_state(value_head=True))")
-  batch.check()
-  mcfg = _compute_cfg(model_cfg, cfg)
-  M = cfg.micro_batches
-  _check_micro(batch.tokens.shape[0], M)
-  params, lora = _adapters(state, state.params if state.trainable == "full" else state.lora.params)
-  mult = losses.delta_multiplier(state.step) if cfg.value_delta_schedule else 1.0
-
-  def one(mb):
-    h = _policy(params, lora, mb, mcfg, cfg, step=state.step)[2]
-    return losses.value_head_apply(state.value_head, h, delta_mult=mult)[0]
-
-  with _mesh_ctx(mesh):
-    v = lax.map(one, jax.tree_util.tree_map(lambda x: _split(x, M), batch))
-  return _unsplit(v)
+  new: dict[str, Any] = {}
+  if want_old or want_values or want_ref:
+    with _mesh_ctx(mesh):
+      new = {k: _unsplit(v) for k, v in lax.map(one, jax.tree_util.tree_map(lambda x: _split(x, M), rollout)).items()}
+  rollout = rollout.replace(**new)
+  if rollout.advantages is None:
+    if rollout.rewards is None:
+      raise ValueError("prepare_rollout: the rollout has neither advantages nor rewards")
+    if cfg.critic:
+      valid = jnp.ones(rollout.tokens.shape, bool) if rollout.valid is None else rollout.valid
+      adv, targets = gae_targets(rollout.values, rollout.rewards, valid, rollout.loss_mask, cfg.value)
+      rollout = rollout.replace(advantages=adv, returns=targets if rollout.returns is None else rollout.returns)
+    else:
+      rollout = rollout.replace(advantages=group_advantages(rollout.rewards, cfg, group_size=rollout.group_size))
+  metrics = {}
+  if rollout.old_logp is not None:
+    metrics = {f"mismatch/{k}": v for k, v in _mismatch(rollout.old_logp, rollout.sampler_logp,
+                                                        rollout.loss_mask).items()}
+  if mesh is not None:
+    rollout = jax.tree_util.tree_map(lambda x: lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)), rollout)
+  return rollout, metrics
 
 
 # --------------------------------------------------------------------------- the step
 
 
-def _corrections(state: TrainState, batch: Batch, cfg: LearnerConfig):
+def _corrections(state: TrainState, batch: Rollout, cfg: LearnerConfig):
   """Detached token weights [B, T] (or None), the new ACRL state, and their metrics (full batch)."""
-  if cfg.correction == "none":
+  c = cfg.correction
+  if c.method == "none":
     return None, state.acrl, {}
   if batch.old_logp is None:
-    raise ValueError(f"LearnerConfig.correction={cfg.correction!r} needs Batch.old_logp (compute_old_logprobs)")
+    raise ValueError(f"learner.correction.method={c.method!r} needs Rollout.old_logp (prepare_rollout)")
   old, mu, mask = batch.old_logp, batch.sampler_logp, batch.loss_mask
-  if cfg.correction == "tis":
-    w, m = losses.tis_weights(old, mu, mask, level=cfg.level, clip_c=cfg.clip_c,
-                              batch_normalize=cfg.tis_batch_normalize)
+  level = {} if c.level is None else {"level": c.level}  # None: the loss function's default level
+  if c.method == "tis":
+    w, m = losses.tis_weights(old, mu, mask, clip_c=c.clip_c, batch_normalize=c.batch_normalize, **level)
     return w, state.acrl, m
-  if cfg.correction == "mis":
-    w, m = losses.mis_weights(old, mu, mask, level=cfg.level, lo=cfg.mis_lo, hi=cfg.mis_hi,
-                              keep_ratio=cfg.mis_keep_ratio)
+  if c.method == "mis":
+    w, m = losses.mis_weights(old, mu, mask, lo=c.lo, hi=c.hi, keep_ratio=c.keep_ratio, **level)
     return w, state.acrl, m
-  w, acrl, m = losses.acrl_weights(state.acrl, old, mu, batch.advantages, mask, gamma=cfg.acrl_gamma,
-                                   clip_c=cfg.clip_c)
+  w, acrl, m = losses.acrl_weights(state.acrl, old, mu, batch.advantages, mask, gamma=c.gamma, clip_c=c.clip_c)
   return w, acrl, m
 
 
@@ -289,28 +326,34 @@ def _denom(mask, agg: str):
   return jnp.sum(jnp.any(m, axis=1)).astype(jnp.float32)
 
 
-def _micro_loss(trainable, state: TrainState, mb: Batch, weights, denom, mcfg, cfg: LearnerConfig, delta_mult):
+def _given(**kw):
+  """The keywords whose value is not None (None: the loss function's own default)."""
+  return {k: v for k, v in kw.items() if v is not None}
+
+
+def _micro_loss(trainable, state: TrainState, mb: Rollout, weights, denom, mcfg, cfg: LearnerConfig, delta_mult):
   params, lora = _adapters(state, trainable["policy"])
   logp, ent, h = _policy(params, lora, mb, mcfg, cfg, step=state.step, with_entropy=True)
   mask = mb.loss_mask
   old = lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
   common = dict(agg=cfg.agg, norm_len=cfg.norm_len, denom=denom, token_weights=weights, ref_logp=mb.ref_logp,
-                kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator, clip_eps_low=cfg.clip_eps_low,
-                clip_eps_high=cfg.clip_eps_high)
-  if cfg.policy_loss == "ppo":
-    loss, metrics = losses.ppo_loss(logp, old, mb.advantages, mask, dual_clip_c=cfg.dual_clip_c, entropy=ent,
-                                    entropy_coef=cfg.entropy_coef, **common)
-  else:
+                kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
+                **_given(clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high))
+  if cfg.policy_loss == "gspo":
     loss, metrics = losses.gspo_loss(logp, old, mb.advantages, mask, **common)
     m = jnp.asarray(mask).astype(bool)
     metrics["entropy"] = Mean(jnp.sum(jnp.where(m, lax.stop_gradient(ent), 0.0)), jnp.sum(m).astype(jnp.float32))
+  else:  # grpo and ppo: the clipped surrogate (PPO / GRPO / DAPO / Dr.GRPO, by agg), on their advantages
+    loss, metrics = losses.ppo_loss(logp, old, mb.advantages, mask, dual_clip_c=cfg.dual_clip_c, entropy=ent,
+                                    entropy_coef=cfg.entropy_coef, **common)
   sums = {"policy_loss": lax.stop_gradient(loss)}  # micro-batch losses sum to the batch loss (global denom)
   if "value_head" in trainable and mb.returns is not None:
     # The critic reads the trunk's features detached: its loss trains the head only.
     v, _ = losses.value_head_apply(trainable["value_head"], lax.stop_gradient(h), delta_mult=delta_mult)
-    vl, vm = losses.value_loss(v, mb.returns, mask, alpha=cfg.value_alpha, quantile_levels=cfg.value_quantile_levels,
-                               agg=cfg.agg, norm_len=cfg.norm_len, denom=denom)
-    loss = loss + cfg.value_coef * vl
+    vl, vm = losses.value_loss(v, mb.returns, mask, alpha=cfg.value.alpha,
+                               quantile_levels=cfg.value.quantile_levels, agg=cfg.agg, norm_len=cfg.norm_len,
+                               denom=denom)
+    loss = loss + cfg.value.coef * vl
     metrics.update({f"value/{k}": x for k, x in vm.items()})
     sums["value/loss"] = lax.stop_gradient(vl)
   return loss, (metrics, sums, logp)
@@ -327,10 +370,6 @@ def _reduce_stacked(metrics):
     else:
       out[k] = jnp.mean(v, axis=0)
   return out
-
-
-def _is_metric(x):
-  return isinstance(x, (Mean, Max))
 
 
 def restarts_learned_scales(state: TrainState, cfg: LearnerConfig) -> bool:
@@ -351,12 +390,12 @@ def learned_qat_start(params, cfg: LearnerConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"), donate_argnames=("state",))
-def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: LearnerConfig,
-               mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer update on `batch` (the state is donated: its buffers are reused).
+def train_step(state: TrainState, rollout: Rollout, *, model_cfg: ModelConfig, cfg: LearnerConfig,
+               mesh: Mesh | None = None, rows=None) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update on `rollout` (or on its rows `rows`; the state is donated: its buffers are reused).
 
-  loss = policy loss (PPO / GSPO with `cfg.agg`, KL and entropy terms, correction weights)
-         + value_coef · value loss (if the state has a value head and the batch has returns),
+  loss = policy loss (clipped surrogate for grpo / ppo, GSPO for gspo, with `cfg.agg`, KL and entropy terms,
+         correction weights) + value.coef · value loss (if the state has a value head and the rollout has returns),
   gradients over `cfg.micro_batches` micro-batches (summed; exact), then clip + AdamW.
 
   NaN guard: if the loss or the gradient's global norm is not finite, params, opt_state and
@@ -366,12 +405,13 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: 
 
   Args:
     state: the `TrainState` (donated).
-    batch: a `Batch`; B must be divisible by `cfg.micro_batches`. On a mesh, shard it with
-      `shard_batch` (rows over ('data', 'fsdp')).
+    rollout: a `Rollout` with advantages (`prepare_rollout`); B (or the number of `rows`) must be divisible
+      by `cfg.micro_batches`. On a mesh, shard it with `shard_batch` (rows over ('data', 'fsdp')).
     model_cfg: the model (static); its `dtype` is replaced by `cfg.compute_dtype`.
     cfg: `LearnerConfig` (static).
     mesh: the mesh the state lives on (static): activations are constrained by
       `mesh.ACTIVATION_RULES` and the new state keeps `state_shardings`. None: one device.
+    rows: int [R], the minibatch's rows of `rollout` (gathered on device), or None: all rows.
 
   Returns:
     (new_state, metrics): float32 scalars — "loss", "grad_norm", "lr", "skipped" (this step),
@@ -380,8 +420,13 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: 
     "mismatch/<name>" for every `losses.mismatch_metrics` entry (π_θ at the start of the step
     vs μ, on the loss mask), "correction/<name>" (TIS / MIS / ACRL weights), "value/<name>".
   """
-  batch.check()
-  B = batch.tokens.shape[0]
+  rollout.check()
+  batch = rollout if rows is None else rollout.take(rows)
+  if batch.advantages is None:
+    raise ValueError("train_step: the rollout has no advantages (prepare_rollout fills them)")
+  if mesh is not None and rows is not None:
+    batch = jax.tree_util.tree_map(lambda x: lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)), batch)
+  B = batch.size
   M = cfg.micro_batches
   _check_micro(B, M)
   mcfg = _compute_cfg(model_cfg, cfg)
@@ -392,7 +437,7 @@ def train_step(state: TrainState, batch: Batch, *, model_cfg: ModelConfig, cfg: 
                       lambda p: p, state.params)
     state = state.replace(params=params)
   trainable = trainable_params(state)
-  delta_mult = losses.delta_multiplier(state.step) if cfg.value_delta_schedule else 1.0
+  delta_mult = cfg.value.delta_multiplier(state.step)
 
   with _mesh_ctx(mesh):
     weights, new_acrl, corr_metrics = _corrections(state, batch, cfg)

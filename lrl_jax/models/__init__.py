@@ -9,6 +9,7 @@ from lrl_jax.models.config import ARCHS, ModelConfig
 from lrl_jax.models.decoder import (
     ACTIVATION_AXES,
     KVCache,
+    Numerics,
     check_params,
     forward,
     forward_hidden,
@@ -33,7 +34,7 @@ from lrl_jax.models.hf import (
 
 __all__ = [
     "ARCHS", "ModelConfig",
-    "ACTIVATION_AXES", "KVCache", "check_params", "forward", "forward_hidden", "init_cache", "init_params",
+    "ACTIVATION_AXES", "KVCache", "Numerics", "check_params", "forward", "forward_hidden", "init_cache", "init_params",
     "logits_from_hidden", "param_logical_axes", "param_shapes",
     "Lora", "LoraConfig", "init_lora", "lora_logical_axes",
     "Tokenizer", "config_from_hf_file", "export_compressed_tensors", "load_compressed_tensors", "load_gguf",

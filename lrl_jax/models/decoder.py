@@ -31,7 +31,7 @@ kernels follow Flax `Dense`: [K, N], used as `x @ kernel`):
 | lm_head/kernel                 | [D, V]           | not cfg.tie_word_embeddings (tied: logits = h @ embedding.T) |
 
 `QuantRules.default(spec)` (axis=-2, the contraction axis) selects exactly the `*_proj/kernel`
-leaves. A kernel may be a float array (learner; with `qat_rules` its matmul is fake-quantized
+leaves. A kernel may be a float array (learner; with `Numerics.qat_rules` its matmul is fake-quantized
 through `quant.dot_general_for`) or a `quant.QArray` (sampler; matmul through
 `lrl_jax.kernels.qmatmul`). A served QArray may also be in the nn.Linear layout [.., N, K] quantized along
 its last axis (`sampler.serve_params(..., layout="linear")`, `kernels.linear_layout`): its matmul goes
@@ -49,6 +49,8 @@ import functools
 import math
 from typing import Any
 
+import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -57,7 +59,7 @@ from lrl_jax import kernels, quant
 from lrl_jax.models.config import ModelConfig
 
 __all__ = [
-    "KVCache", "init_cache", "init_params", "forward", "forward_hidden", "logits_from_hidden",
+    "KVCache", "Numerics", "init_cache", "init_params", "forward", "forward_hidden", "logits_from_hidden",
     "param_shapes", "check_params", "param_logical_axes", "ACTIVATION_AXES",
 ]
 
@@ -279,7 +281,6 @@ def _fp8_encode(x):
 
 
 def _constrain(x, name: str):
-  import flax.linen as nn  # local: only the partitioning helper is used
   return nn.with_logical_constraint(x, ACTIVATION_AXES[name])
 
 
@@ -397,6 +398,26 @@ _LAYER_KERNELS = ("attn/q_proj", "attn/k_proj", "attn/v_proj", "attn/o_proj",
                   "mlp/gate_proj", "mlp/up_proj", "mlp/down_proj")
 
 
+@flax.struct.dataclass
+class Numerics:
+  """How the matmuls of a forward compute beyond `cfg.dtype` (a pytree: `qat_alpha` may be traced).
+
+  Attributes:
+    qat_rules: `quant.QuantRules` (static) of the learner's QAT: float layer kernels whose stacked path (e.g.
+      'layers/attn/q_proj/kernel') it selects are fake-quantized in the matmul (`quant.dot_general_for`,
+      straight-through gradient; a learned Int4 spec uses the `kernel_scale` / `kernel_zero` next to the kernel,
+      with LSQ gradients). QArray kernels (a served tree) ignore it.
+    qat_alpha: QAT warm-up (f32 scalar in [0, 1]): the selected kernels enter the matmul as w + α·(ŵ − w);
+      exactly ŵ when α >= 1. None: ŵ (QAT fully on). Ignored without qat_rules.
+    act_spec: `quant.FP8(granularity="token")` (static) for W8A8: the input of every matmul with a quantized
+      weight (QArray, or selected by qat_rules) is fake-quantized per token. None: W*A16.
+  """
+
+  qat_rules: quant.QuantRules | None = flax.struct.field(pytree_node=False, default=None)
+  qat_alpha: jax.Array | None = None
+  act_spec: quant.FP8 | None = flax.struct.field(pytree_node=False, default=None)
+
+
 def _qat_specs(qat_rules, params, act_spec=None) -> dict:
   """'attn/q_proj' -> spec for the float layer kernels the rules select (decided on stacked paths);
   'act' -> the activation spec."""
@@ -469,12 +490,13 @@ def _default_positions(valid_BT, cache: KVCache | None):
 
 
 def forward_hidden(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache=None,
-                   cache_index=None, qat_rules=None, act_spec=None, lora=None, remat: bool = False,
-                   qat_alpha=None):
+                   cache_index=None, numerics: Numerics | None = None, lora=None, remat: bool = False):
   """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
 
   Same arguments as `forward`.
   """
+  numerics = Numerics() if numerics is None else numerics
+  qat_rules, act_spec, qat_alpha = numerics.qat_rules, numerics.act_spec, numerics.qat_alpha
   tokens_BT = jnp.asarray(tokens_BT)
   if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
     raise ValueError(f"tokens_BT must be an integer array [B, T]; got {tokens_BT.dtype} {tokens_BT.shape}")
@@ -578,8 +600,7 @@ def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
 
 
 def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache: KVCache | None = None,
-            cache_index=None, qat_rules: quant.QuantRules | None = None, act_spec: quant.FP8 | None = None,
-            lora=None, remat: bool = False, qat_alpha=None):
+            cache_index=None, numerics: Numerics | None = None, lora=None, remat: bool = False):
   """Decoder forward pass.
 
   Args:
@@ -593,21 +614,14 @@ def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=
       (marked valid where valid_BT), and the token at slot j attends to the valid slots ≤ j.
       Without a cache, token t attends to the valid tokens ≤ t of this call.
     cache_index: int scalar, the slot of the first new token (required with a cache).
-    qat_rules: `quant.QuantRules`; float layer kernels whose stacked path (e.g.
-      'layers/attn/q_proj/kernel') it selects are fake-quantized in the matmul
-      (`quant.dot_general_for`, straight-through gradient; a learned Int4 spec uses the
-      `kernel_scale` / `kernel_zero` next to the kernel, with LSQ gradients). QArray kernels ignore it.
-    act_spec: `quant.FP8(granularity="token")` for W8A8: the input of every matmul with a
-      quantized weight (QArray, or selected by qat_rules) is fake-quantized per token. None: W*A16.
+    numerics: a `Numerics` (the learner's QAT rules and warm-up α, the sampler's FP8 activations), or None:
+      the matmuls in `cfg.dtype` on the kernels as they are (float, or served QArrays).
     lora: a `models.lora.Lora` (adapters added to the selected layer kernels), or None.
     remat: rematerialize each layer in the backward pass (`jax.checkpoint`).
-    qat_alpha: QAT warm-up (scalar in [0, 1], may be traced): the selected kernels enter the matmul as
-      w + α·(ŵ − w); exactly ŵ when α >= 1. None: ŵ (QAT fully on). Ignored without qat_rules.
 
   Returns:
     (logits_BTV float32 [B, T, V], the updated cache or None).
   """
   h, cache = forward_hidden(params, tokens_BT, cfg, positions_BT=positions_BT, valid_BT=valid_BT, cache=cache,
-                            cache_index=cache_index, qat_rules=qat_rules, act_spec=act_spec, lora=lora,
-                            remat=remat, qat_alpha=qat_alpha)
+                            cache_index=cache_index, numerics=numerics, lora=lora, remat=remat)
   return _constrain(logits_from_hidden(params, h, cfg), "logits_BTV"), cache

@@ -15,44 +15,35 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 
+from lrl_jax import quant
 from lrl_jax.models.config import ModelConfig
-from lrl_jax.models.decoder import param_shapes
+from lrl_jax.models.decoder import _PARAM_AXES, param_shapes
+from lrl_jax.schema import Schema, check_regex
 
 __all__ = ["LoraConfig", "Lora", "init_lora", "lora_logical_axes"]
 
-_ALL_PROJ = r"(q|k|v|o|gate|up|down)_proj/kernel$"
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class LoraConfig:
-  """Which kernels get adapters and how large.
+class LoraConfig(Schema):
+  """LoRA adapters over a frozen base: which kernels get them and how large (YAML: `learner.lora`)."""
 
-  Attributes:
-    rank: r, the adapter rank.
-    alpha: α; the adapter output is scaled by α / r.
-    targets: regex (re.search) on the stacked weight paths, e.g. 'layers/attn/q_proj/kernel'
-      (biases and norms are never matched). Only the layer projection kernels can be targeted.
-    init_std: std of A's entries is init_std / sqrt(K) (B starts at zero).
-  """
+  section: ClassVar[str] = "learner.lora"
 
-  rank: int = 8
-  alpha: float = 16.0
-  targets: str = _ALL_PROJ
-  init_std: float = 1.0
+  rank: int = 8  # adapter rank r
+  alpha: float = 16.0  # adapter scale α (the adapter output is scaled by α / r)
+  targets: str = quant.DEFAULT_TARGETS  # regex (re.search) on stacked kernel paths, e.g. layers/attn/q_proj/kernel
+  init_std: float = 1.0  # std of A's entries is init_std / sqrt(K) (B starts at zero)
 
-  def __post_init__(self):
-    if not isinstance(self.rank, int) or self.rank <= 0:
-      raise ValueError(f"LoraConfig.rank must be a positive int; got {self.rank!r}")
-    if not self.alpha > 0:
-      raise ValueError(f"LoraConfig.alpha must be > 0; got {self.alpha!r}")
-    try:
-      re.compile(self.targets)
-    except re.error as e:
-      raise ValueError(f"LoraConfig.targets is not a valid regex: {self.targets!r} ({e})") from e
+  def _validate(self):
+    self._check(self.rank > 0, "rank", "must be > 0")
+    self._check(self.alpha > 0, "alpha", "must be > 0")
+    self._check(self.init_std > 0, "init_std", "must be > 0")
+    check_regex(self, "targets")
 
   @property
   def scale(self) -> float:
@@ -111,7 +102,6 @@ def init_lora(cfg: ModelConfig, lcfg: LoraConfig, key: jax.Array, *, dtype=jnp.f
 
 def lora_logical_axes(lora: Lora) -> Lora:
   """Logical axis names of the adapters: A (layers, <kernel input axis>, None), B (layers, None, <output axis>)."""
-  from lrl_jax.models.decoder import _PARAM_AXES
 
   def visit(kp, _):
     keys = [getattr(k, "key", None) for k in kp]

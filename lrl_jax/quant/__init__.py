@@ -13,6 +13,7 @@ from lrl_jax.quant.debug import check_finite, checked
 from lrl_jax.quant.dot import qdot
 from lrl_jax.quant.aqt import aqt_fake_quant, dot_general_for
 from lrl_jax.quant.rules import (
+    DEFAULT_TARGETS,
     SCALE_SUFFIX,
     ZERO_SUFFIX,
     QuantRules,
@@ -35,7 +36,7 @@ __all__ = [
     "Int4", "FP8", "MXFP8", "NVFP4", "Spec",
     "QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec",
     "qdot", "dot_general_for", "aqt_fake_quant", "check_finite", "checked",
-    "QuantRules", "quantize_params", "fake_quant_params", "dequantize_params", "path_str", "init_learned",
+    "QuantRules", "DEFAULT_TARGETS", "quantize_params", "fake_quant_params", "dequantize_params", "path_str", "init_learned",
     "SCALE_SUFFIX", "ZERO_SUFFIX",
     "pack_nibbles", "unpack_nibbles", "pack_int4_compressed_tensors", "unpack_int4_compressed_tensors",
     "int4_update_clip", "int4_group_steps", "int4_aware_init", "grid_residual", "next_token_kl", "policy_jolt",

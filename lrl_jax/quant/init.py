@@ -198,8 +198,8 @@ def policy_jolt(forward_fn: Callable[[Any, QuantRules | None], jax.Array], param
 
   Args:
     forward_fn: (params, qat_rules or None) -> logits [B, T, V] on a fixed batch, e.g.
-      `lambda p, r: models.forward(p, tokens_BT, cfg, valid_BT=valid_BT, qat_rules=r)[0]`;
-      with `qat_rules=None` the float forward, with `rules` the learner's QAT forward.
+      `lambda p, r: models.forward(p, tokens_BT, cfg, valid_BT=valid_BT, numerics=models.Numerics(qat_rules=r))[0]`;
+      with `r=None` the float forward, with `rules` the learner's QAT forward.
     params: the parameters at the step QAT turns on.
     rules: the learner's `QuantRules`.
     mask_BT: bool [B, T], the positions to average over (e.g. the valid tokens).

@@ -22,12 +22,12 @@ import jax.numpy as jnp
 from lrl_jax.quant.qarray import QArray, dequantize, fake_quant, learned_fake_quant, quantize
 from lrl_jax.quant.specs import Spec
 
-__all__ = ["QuantRules", "path_str", "quantize_params", "fake_quant_params", "dequantize_params", "init_learned",
+__all__ = ["QuantRules", "DEFAULT_TARGETS", "path_str", "quantize_params", "fake_quant_params", "dequantize_params", "init_learned",
            "SCALE_SUFFIX", "ZERO_SUFFIX", "sibling_base"]
 
 # Excluded first: the first matching rule wins.
 DEFAULT_KEEP = (r"embed", r"lm_head", r"norm", r"router", r"gate/kernel$", r"bias$")
-DEFAULT_QUANTIZE = (r"(q|k|v|o|gate|up|down)_proj/kernel$",)
+DEFAULT_TARGETS = r"(q|k|v|o|gate|up|down)_proj/kernel$"  # every attention / MLP projection kernel
 
 
 def path_str(keypath) -> str:
@@ -58,10 +58,12 @@ class QuantRules:
   axis: int = -2
 
   @classmethod
-  def default(cls, spec: Spec | None) -> "QuantRules":
-    """All attention/MLP projection kernels -> `spec`; embeddings, lm_head, norms, routers, biases kept."""
+  def default(cls, spec: Spec | None, *, targets: str = DEFAULT_TARGETS) -> "QuantRules":
+    """The `targets` kernels (default: every attention / MLP projection) -> `spec`; embeddings, lm_head, norms,
+    routers and biases are kept whatever `targets` says (they come first). The one builder of the rules the
+    learner's QAT forward and the sampler's served weights use."""
     keep = tuple((p, None) for p in DEFAULT_KEEP)
-    return cls(rules=keep + tuple((p, spec) for p in DEFAULT_QUANTIZE))
+    return cls(rules=keep + ((targets, spec),))
 
   def spec_for(self, path: str) -> Spec | None:
     for pattern, spec in self.rules:

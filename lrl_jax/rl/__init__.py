@@ -1,22 +1,21 @@
-"""lrl_jax.rl — the RL loop: weight sync, rollout buffer, train / evaluate, metrics, CLI commands.
+"""lrl_jax.rl — the RL loop: weight sync, rollout buffer, warm-up, train / evaluate, metrics, CLI commands.
 
 `train(cfg)` runs a whole job from a `lrl_jax.config.Config` (warm-up, RL steps, evaluation,
 checkpoints, plots, summary, export); `sync(params, cfg)` is the per-step weight sync to the
-low-bit sampler; `RolloutBuffer` holds raw rollout data and hands the learner its batches.
+low-bit sampler; `RolloutBuffer` holds the step's `Rollout` on device and hands out minibatch rows.
 """
 
-from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBatch, RolloutBuffer
-from lrl_jax.rl.loop import (RunResult, encode_prompt_batch, evaluate, gae_for_rollouts, group_advantages,
-                             restore_run, supervised_warmup, train)
+from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer, minibatch_rows
+from lrl_jax.rl.loop import RunResult, encode_prompt_batch, evaluate, restore_run, train
 from lrl_jax.rl.metrics import MetricsLogger, plot_run, read_metrics, smoothness, write_summary
-from lrl_jax.rl.setup import Setup, build_model, learner_config, new_state
+from lrl_jax.rl.setup import Setup, build_model, new_state
 from lrl_jax.rl.sync import SyncSpec, merge_lora, sync, sync_spec
+from lrl_jax.rl.warmup import supervised_warmup
 
 __all__ = [
     "sync", "sync_spec", "SyncSpec", "merge_lora",
-    "RolloutBatch", "RolloutBuffer", "OffPolicyQueue",
-    "train", "evaluate", "supervised_warmup", "group_advantages", "gae_for_rollouts", "encode_prompt_batch",
-    "restore_run", "RunResult",
-    "Setup", "build_model", "learner_config", "new_state",
+    "RolloutBuffer", "OffPolicyQueue", "minibatch_rows",
+    "train", "evaluate", "supervised_warmup", "encode_prompt_batch", "restore_run", "RunResult",
+    "Setup", "build_model", "new_state",
     "MetricsLogger", "read_metrics", "plot_run", "write_summary", "smoothness",
 ]

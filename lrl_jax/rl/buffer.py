@@ -1,10 +1,9 @@
-"""RolloutBuffer: raw float rollout data between the sampler and the learner.
+"""RolloutBuffer: the current rollout batch on device, and the row indices of its K minibatches.
 
-The buffer stores what the sampler and the reward produced, as host NumPy arrays (tokens, μ log-probs,
-masks, rewards, advantages, optional π_old / π_ref / returns), and hands the learner `learner.Batch`es:
-the whole batch, or K minibatches for K optimizer updates per rollout batch. Rows keep their order
-within a minibatch; minibatch j holds rows j, j + K, j + 2K, ... of a seeded permutation, so each
-minibatch samples across prompts.
+The buffer holds the one `Rollout` of the step (on device, as the sampler and `learner.prepare_rollout` left it)
+and hands out the rows of each minibatch as index arrays; `learner.train_step(state, rollout, rows=...)` gathers
+them on device. Minibatch j holds rows j, j + K, j + 2K, ... of a seeded permutation (sorted), so each
+minibatch samples across prompts; the permutation of step k is `default_rng([seed, k])`, the same after a resume.
 
 One-step off-policy (`OffPolicyQueue`): the sampler generates batch k + 1 while the learner trains on
 batch k. Here this is expressed by generating batch k with the served weights of the previous sync
@@ -14,100 +13,25 @@ corrections matter.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Iterator
+from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from lrl_jax.learner import Batch
+from lrl_jax.rollout import Rollout
 
-__all__ = ["RolloutBatch", "RolloutBuffer", "OffPolicyQueue"]
+__all__ = ["RolloutBuffer", "OffPolicyQueue", "minibatch_rows"]
 
 
-@dataclasses.dataclass(kw_only=True)
-class RolloutBatch:
-  """One RL step's rollouts, host-side (B = prompts × G completions, T = P + N).
-
-  Attributes:
-    tokens: int32 [B, T] prompt + completion.
-    valid: bool [B, T] real tokens.
-    mask: bool [B, T] generated tokens (EOS included): where the loss is taken.
-    sampler_logp: float32 [B, T] log μ of each generated token (0 elsewhere).
-    rewards: float32 [B] outcome rewards.
-    advantages: float32 [B] (group advantages) or [B, T] (GAE).
-    old_logp, ref_logp, returns: float32 [B, T] or None.
-    step: the RL step these rollouts were generated for.
-    policy_version: the RL step whose weights generated them (step − 1 in off-policy mode).
-  """
-
-  tokens: np.ndarray
-  valid: np.ndarray
-  mask: np.ndarray
-  sampler_logp: np.ndarray
-  rewards: np.ndarray
-  advantages: np.ndarray | None = None
-  old_logp: np.ndarray | None = None
-  ref_logp: np.ndarray | None = None
-  returns: np.ndarray | None = None
-  step: int = 0
-  policy_version: int = 0
-
-  def __post_init__(self):
-    self.tokens = np.asarray(self.tokens, np.int32)
-    if self.tokens.ndim != 2:
-      raise ValueError(f"RolloutBatch.tokens must be [B, T]; got shape {self.tokens.shape}")
-    B, T = self.tokens.shape
-    self.valid = np.asarray(self.valid, bool)
-    self.mask = np.asarray(self.mask, bool)
-    self.sampler_logp = np.asarray(self.sampler_logp, np.float32)
-    self.rewards = np.asarray(self.rewards, np.float32)
-    for name in ("valid", "mask", "sampler_logp"):
-      if getattr(self, name).shape != (B, T):
-        raise ValueError(f"RolloutBatch.{name} must be [B, T] = {(B, T)}; got {getattr(self, name).shape}")
-    if self.rewards.shape != (B,):
-      raise ValueError(f"RolloutBatch.rewards must be [B] = {(B,)}; got {self.rewards.shape}")
-    for name in ("advantages", "old_logp", "ref_logp", "returns"):
-      self._set_float(name, getattr(self, name))
-
-  def _set_float(self, name: str, value):
-    if value is None:
-      setattr(self, name, None)
-      return
-    value = np.asarray(value, np.float32)
-    B, T = self.tokens.shape
-    ok = value.shape in ((B,), (B, T)) if name == "advantages" else value.shape == (B, T)
-    if not ok:
-      raise ValueError(f"RolloutBatch.{name} must be [B, T] = {(B, T)}"
-                       f"{' or [B]' if name == 'advantages' else ''}; got {value.shape}")
-    setattr(self, name, value)
-
-  def set(self, **fields) -> "RolloutBatch":
-    """Sets advantages / old_logp / ref_logp / returns (checked), in place; returns self."""
-    for name, value in fields.items():
-      if name not in ("advantages", "old_logp", "ref_logp", "returns"):
-        raise ValueError(f"RolloutBatch.set: unknown field {name!r}")
-      self._set_float(name, value)
-    return self
-
-  @property
-  def size(self) -> int:
-    return self.tokens.shape[0]
-
-  def to_batch(self, rows: np.ndarray | None = None) -> Batch:
-    """The learner `Batch` of these rollouts (all rows, or `rows`)."""
-    if self.advantages is None:
-      raise ValueError("RolloutBatch.to_batch: advantages are not set (set(advantages=...) first)")
-    take = (lambda x: x) if rows is None else (lambda x: x[rows])
-    opt = lambda x: None if x is None else jnp.asarray(take(x))
-    return Batch(tokens=jnp.asarray(take(self.tokens)), loss_mask=jnp.asarray(take(self.mask)),
-                 sampler_logp=jnp.asarray(take(self.sampler_logp)), advantages=jnp.asarray(take(self.advantages)),
-                 valid=jnp.asarray(take(self.valid)), old_logp=opt(self.old_logp), ref_logp=opt(self.ref_logp),
-                 returns=opt(self.returns))
+def minibatch_rows(size: int, minibatches: int, *, seed: int, step: int) -> list[np.ndarray]:
+  """Row indices (int32, sorted) of the K minibatches of a batch of `size` rows at RL step `step`."""
+  if minibatches == 1:
+    return [np.arange(size, dtype=np.int32)]
+  perm = np.random.default_rng([seed, step]).permutation(size)
+  return [np.sort(perm[j::minibatches]).astype(np.int32) for j in range(minibatches)]
 
 
 class RolloutBuffer:
-  """Holds the current rollout batch and hands out learner batches.
+  """Holds the current `Rollout` and the row indices of its minibatches.
 
   Args:
     minibatches: K, optimizer updates per rollout batch (B must be divisible by K).
@@ -119,43 +43,29 @@ class RolloutBuffer:
       raise ValueError(f"RolloutBuffer.minibatches must be a positive int; got {minibatches!r}")
     self.minibatches = minibatches
     self.seed = seed
-    self._batch: RolloutBatch | None = None
+    self._rollout: Rollout | None = None
+    self._step = 0
 
-  def put(self, batch: RolloutBatch) -> None:
-    if batch.size % self.minibatches:
-      raise ValueError(f"RolloutBuffer: {batch.size} rollouts do not split into minibatches={self.minibatches}")
-    self._batch = batch
+  def put(self, rollout: Rollout, *, step: int) -> None:
+    """Holds `rollout`, the batch of RL step `step` (its minibatch permutation)."""
+    if rollout.size % self.minibatches:
+      raise ValueError(f"RolloutBuffer: {rollout.size} rollouts do not split into minibatches={self.minibatches}")
+    self._rollout, self._step = rollout, step
 
   @property
-  def batch(self) -> RolloutBatch:
-    if self._batch is None:
-      raise ValueError("RolloutBuffer is empty (put a RolloutBatch first)")
-    return self._batch
+  def rollout(self) -> Rollout:
+    if self._rollout is None:
+      raise ValueError("RolloutBuffer is empty (put a Rollout first)")
+    return self._rollout
 
-  def full_batch(self) -> Batch:
-    """All rollouts as one learner `Batch` (for π_old / π_ref / values)."""
-    return self.batch.to_batch()
-
-  def minibatch_rows(self) -> list[np.ndarray]:
-    """Row indices of the K minibatches of the current batch (sorted within each)."""
-    b = self.batch
-    K = self.minibatches
-    if K == 1:
-      return [np.arange(b.size)]
-    perm = np.random.default_rng([self.seed, b.step]).permutation(b.size)
-    return [np.sort(perm[j::K]) for j in range(K)]
-
-  def minibatches_iter(self) -> Iterator[Batch]:
-    """The K learner `Batch`es of the current rollouts (one optimizer update each)."""
-    b = self.batch
+  def minibatch_rows(self) -> list[np.ndarray] | list[None]:
+    """Row indices of the K minibatches of the current batch ([None]: one minibatch, all rows)."""
     if self.minibatches == 1:
-      yield b.to_batch()
-      return
-    for rows in self.minibatch_rows():
-      yield b.to_batch(rows)
+      return [None]
+    return minibatch_rows(self.rollout.size, self.minibatches, seed=self.seed, step=self._step)
 
   def clear(self) -> None:
-    self._batch = None
+    self._rollout = None
 
 
 class OffPolicyQueue:

@@ -11,9 +11,20 @@ choices) or a missing file; 3 the run stopped on non-finite learner steps; 1 any
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from lrl_jax import models
+from lrl_jax.config import ConfigError, describe, load_config
+from lrl_jax.learner import NonFiniteError
+from lrl_jax.rl.loop import evaluate, restore_run, served_weights, train
+from lrl_jax.rl.setup import build_model
+from lrl_jax.rl.sync import merge_lora
 
 __all__ = ["train_main", "eval_main", "export_main"]
 
@@ -23,8 +34,6 @@ EXIT_NONFINITE = 3
 
 def _load(prog: str, path, overrides):
   """(Config, None) or (None, exit code) after printing the error."""
-  from lrl_jax.config import ConfigError, load_config
-
   try:
     return load_config(path, list(overrides)), None
   except ConfigError as e:
@@ -39,8 +48,6 @@ def _parse(p: argparse.ArgumentParser, argv, prog: str, missing: str):
   """(args, Config, None) to go on, or (args, None, exit code): --help-config printed, or a config error."""
   args = p.parse_args(argv)
   if args.help_config:
-    from lrl_jax.config import describe
-
     print(describe())
     return args, None, 0
   if args.config is None:
@@ -67,12 +74,8 @@ def train_main(argv: list[str] | None = None) -> int:
   if cfg is None:
     return err
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  from lrl_jax.config import ConfigError
-  from lrl_jax.learner import NonFiniteError
-  from lrl_jax.rl.loop import train
-
   print(f"lrl-jax train {args.config}: model {cfg.model.source}, learner {cfg.quant.learner} / sampler "
-        f"{cfg.quant.sampler}, {cfg.learner.policy_loss} + {cfg.correction.method}; "
+        f"{cfg.quant.sampler}, {cfg.learner.policy_loss} + {cfg.learner.correction.method}; "
         f"{cfg.run.sft_steps} warm-up + {cfg.run.steps} RL steps -> {cfg.run.out_dir}", flush=True)
   try:
     r = train(cfg, resume=args.resume, progress=not args.no_progress, export=not args.no_export)
@@ -98,12 +101,6 @@ def eval_main(argv: list[str] | None = None) -> int:
   args, cfg, err = _parse(p, argv, "lrl-jax eval", "a config file is required")
   if cfg is None:
     return err
-  import dataclasses
-
-  from lrl_jax import models
-  from lrl_jax.rl.loop import _served, evaluate, restore_run
-  from lrl_jax.rl.setup import build_model
-
   lora = None
   if args.compressed:
     if not Path(args.compressed).is_dir():
@@ -122,7 +119,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     if state is None:
       print(f"lrl-jax eval: no complete checkpoint in {run}/checkpoints", file=sys.stderr)
       return EXIT_CONFIG
-    served, lora = _served(state, setup, {})  # as the run's own evaluations serve it
+    served, lora = served_weights(state, setup)  # as the run's own evaluations serve it
     what = f"{run} (step {int(state.step)})"
   ev = evaluate(served, setup, cfg, size=args.size, lora=lora)
   print(f"{what}: eval accuracy {100 * ev['eval_accuracy']:.1f}% on {args.size or cfg.task.eval_size} problems "
@@ -155,13 +152,6 @@ def export_main(argv: list[str] | None = None) -> int:
   cfg, err = _load("lrl-jax export", run / "config.yaml", over)
   if cfg is None:
     return err
-  import jax
-  import jax.numpy as jnp
-
-  from lrl_jax import models
-  from lrl_jax.rl.loop import restore_run
-  from lrl_jax.rl.sync import merge_lora
-
   setup, state = restore_run(cfg, out_dir=str(run))
   if state is None:
     print(f"lrl-jax export: no complete checkpoint in {run}/checkpoints", file=sys.stderr)

@@ -23,6 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lrl_jax.config import load_config
+from lrl_jax.rl.loop import train
+from lrl_jax.rl.metrics import smoothness
+
 __all__ = ["ARMS", "RunSummary", "run_arm", "run_experiments", "render", "main"]
 
 # arm name -> (config file, label)
@@ -67,10 +71,6 @@ def run_arm(arm: str, seed: int, *, root: Path, steps: int, sft_steps: int, eval
 
   reuse: return the saved summary of an earlier run with the same steps and overrides instead of training.
   """
-  from lrl_jax.config import load_config
-  from lrl_jax.rl.loop import train
-  from lrl_jax.rl.metrics import smoothness
-
   path, _ = ARMS[arm]
   out = root / arm / f"seed{seed}"
   done = out / "run_summary.json"
@@ -210,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
   command = "python scripts/results.py " + " ".join(argv if argv is not None else sys.argv[1:])
   reduced = args.seeds < 3 or set(arms) != set(ARMS)
   date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  from lrl_jax.config import load_config
-
   c = load_config(ARMS[arms[0]][0], list(args.overrides))
   setting = (f"{c.run.batch_prompts} prompts x {c.sampler.group_size} completions per step, "
              f"{c.task.eval_size} eval problems")

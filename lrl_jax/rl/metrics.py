@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["MetricsLogger", "read_metrics", "plot_run", "summary_table", "write_summary", "smoothness"]
+__all__ = ["MetricsLogger", "read_metrics", "plot_run", "summary_table", "write_summary", "write_run_summary",
+           "smoothness"]
 
 log = logging.getLogger(__name__)
 
@@ -178,3 +179,36 @@ def write_summary(out_dir: str | os.PathLike, title: str, rows: list[tuple[str, 
   text = f"# {title}\n\n{summary_table(rows)}\n"
   Path(out_dir, "summary.md").write_text(text, encoding="utf-8")
   return text
+
+
+def _fmt(x, pct: bool = False) -> str:
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return "n/a"
+  return f"{100 * x:.1f}%" if pct else f"{x:.3g}"
+
+
+def write_run_summary(cfg, r, rl: list[dict]) -> str:
+  """The end-of-run table of `rl.train` (a `RunResult` `r` and its RL-step records), written to summary.md."""
+  kl = [x.get("mismatch/kl_k3") for x in rl if x.get("mismatch/kl_k3") is not None]
+  tgen = sum(x.get("time/generate_s", 0) for x in rl)
+  tlearn = sum(x.get("time/learner_s", 0) for x in rl)
+  tsync = sum(x.get("time/sync_s", 0) or 0 for x in rl)
+  lrn = cfg.learner
+  rows = [
+      ("model", f"{cfg.model.source} ({cfg.model.arch})" if cfg.model.source == "tiny" else cfg.model.source),
+      ("learner QAT / sampler weights", f"{cfg.quant.learner} / {cfg.quant.sampler}"
+                                        + (" + fp8 activations" if cfg.quant.act == "fp8" else "")),
+      ("policy loss / correction", f"{lrn.policy_loss} / {lrn.correction.method}"
+                                   + (" (LoRA)" if lrn.lora is not None else "")),
+      ("warm-up steps / RL steps", f"{cfg.run.sft_steps} / {r.steps}"),
+      ("eval accuracy before RL", _fmt(r.accuracy_before, True)),
+      ("eval accuracy after RL", _fmt(r.accuracy_after, True)),
+      ("train reward, first 5 -> last 5 steps", f"{_fmt(r.reward_first)} -> {_fmt(r.reward_last)}"),
+      ("mean abs(π − μ) per token (mismatch)", _fmt(r.mismatch_mean)),
+      ("mean KL(μ‖π) k3", _fmt(float(np.mean(kl)) if kl else None)),
+      ("reward failures (scored 0) / skipped steps", f"{r.reward_failures} / {r.skipped_steps}"),
+      ("time: generate / learner / sync", f"{tgen:.0f} s / {tlearn:.0f} s / {tsync:.1f} s"),
+      ("wall time", f"{r.wall_s:.0f} s"),
+  ]
+  rows += [(f"output: {k}", f"`{v}`") for k, v in r.paths.items() if v]
+  return "\n" + write_summary(r.out_dir, f"lrl_jax run: {r.out_dir}", rows)

@@ -1,11 +1,13 @@
 """lrl_jax.sampler — KV-cache generation on real low-bit weights, returning its own log-probs (mu).
 
 `serve_params(params, rules_or_spec)` builds the served tree (the RL weight sync);
-`generate(served, prompts_BP, prompt_valid_BP, cfg, sampling, key)` returns a `Rollout`;
+`generate(served, prompts_BP, prompt_valid_BP, cfg, sampling, key, group_size=G)` returns a `Rollout`
+(`lrl_jax.rollout`: the one pytree of a batch of completions from the sampler to the learner);
 `shard_params(served, mesh)` places it on the sampler's own mesh.
 """
 
-from lrl_jax.sampler.generate import Rollout, generate, predictor_index, row_keys
+from lrl_jax.rollout import Rollout, predictor_index
+from lrl_jax.sampler.generate import generate, row_keys
 from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens, sampling_logprobs
 from lrl_jax.sampler.serve import as_rules, serve_params
 from lrl_jax.sampler.sharding import SAMPLER_RULES, param_shardings, partition_spec, shard_batch, shard_params

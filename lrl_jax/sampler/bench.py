@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from lrl_jax import models, quant
-from lrl_jax.sampler.generate import generate, predictor_index
+from lrl_jax.rollout import predictor_index
+from lrl_jax.sampler.generate import generate
 from lrl_jax.sampler.sampling import SamplingConfig
 from lrl_jax.sampler.serve import serve_params
 
@@ -65,7 +66,7 @@ def time_generate(served, cfg, batch, prompt_len, new_tokens, *, seed=0) -> tupl
   t = time.perf_counter()
   r = _block(generate(served, prompts, valid, cfg, s, jax.random.key(2)))
   dt = time.perf_counter() - t
-  return first, int(r.lengths_B.sum()) / dt
+  return first, int(r.lengths.sum()) / dt
 
 
 PROMPTS = [
@@ -77,19 +78,17 @@ PROMPTS = [
 
 def _learner_logprobs(params, r, cfg, rules):
   """pi: a cache-free (learner) forward of the rollout, optionally QAT-fake-quantized by `rules`."""
-  logits, _ = jax.jit(models.forward, static_argnames=("cfg", "qat_rules"))(
-      params, r.tokens_BT, cfg, valid_BT=r.valid_BT, qat_rules=rules)
+  logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(
+      params, r.tokens, cfg, valid_BT=r.valid, numerics=models.Numerics(qat_rules=rules))
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-  prev = jnp.maximum(predictor_index(r.valid_BT), 0)
+  prev = jnp.maximum(predictor_index(r.valid), 0)
   logp = jnp.take_along_axis(logp, prev[:, :, None], axis=1)  # row s: the logits that predict token s
-  return jnp.take_along_axis(logp, r.tokens_BT[:, :, None], axis=-1)[..., 0]
+  return jnp.take_along_axis(logp, r.tokens[:, :, None], axis=-1)[..., 0]
 
 
 def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
   """|pi - mu| per generated token on SmolLM2-135M-Instruct, sampled at temperature 1."""
-  from lrl_jax.models import hf
-
-  cfg0, params, tok = hf.load_gguf(hf.smollm2())
+  cfg0, params, tok = models.load_gguf(models.smollm2())
   ids = tok.encode_batch(PROMPTS)
   P = max(map(len, ids))
   prompts = jnp.asarray([[0] * (P - len(i)) + i for i in ids], jnp.int32)  # left-padded
@@ -114,9 +113,9 @@ def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
     r = generate(served, prompts, valid, cfg, s, jax.random.key(0), cache_dtype=cache_dtype)
     # the learner sees its master weights cast to the compute dtype (QAT quantizes that cast)
     pi = _learner_logprobs(jax.tree_util.tree_map(lambda x: x.astype(dt), params), r, cfg, qat)
-    m = r.mask_BT
-    dlog = jnp.abs(pi - r.logprobs_BT)[m]
-    d = jnp.abs(jnp.exp(pi) - jnp.exp(r.logprobs_BT))[m]
+    m = r.loss_mask
+    dlog = jnp.abs(pi - r.sampler_logp)[m]
+    d = jnp.abs(jnp.exp(pi) - jnp.exp(r.sampler_logp))[m]
     print(f"{label:52s} {float(d.mean()):11.2e} {float(jnp.quantile(d, 0.99)):9.2e} {float(d.max()):9.2e} "
           f"{float(dlog.mean()):12.2e} {float(dlog.max()):9.2e} {int(m.sum()):6d}", flush=True)
 

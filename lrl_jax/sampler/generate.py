@@ -1,14 +1,17 @@
-"""KV-cache generation: a jit'd prefill, then a `lax.while_loop` of one-token decode steps.
+"""KV-cache generation: a jit'd prefill, then a `lax.while_loop` of one-token decode steps, into a `Rollout`.
 
-Layout: the cache has S = P + N slots per row, slot s <-> `Rollout.tokens_BT[:, s]`. The prompt
+Layout: the cache has S = P + N slots per row, slot s <-> `Rollout.tokens[:, s]`. The prompt
 (left- or right-padded, padding marked by `prompt_valid_BP`) fills slots [0, P); generated token t
 goes to slot P + t. RoPE positions count valid tokens only, so a row's numbers do not depend on
 how its prompt was padded. The loop stops when every row has emitted EOS (or after N tokens).
+
+With right-padded prompts a row's padding sits between its prompt and its completion: token s is
+predicted by the logits at the last valid slot before s, `predictor_index(rollout.valid)[:, s]`
+(s - 1 for left-padded or unpadded prompts).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -16,52 +19,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from lrl_jax.models.config import ModelConfig
-from lrl_jax.models.decoder import forward_hidden, init_cache, logits_from_hidden
+from lrl_jax.models.decoder import Numerics, forward_hidden, init_cache, logits_from_hidden
+from lrl_jax.rollout import Rollout
 from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens
 
-__all__ = ["Rollout", "generate", "row_keys", "predictor_index"]
-
-
-@functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["tokens_BT", "valid_BT", "mask_BT", "logprobs_BT", "lengths_B"],
-    meta_fields=[],
-)
-@dataclasses.dataclass(frozen=True)
-class Rollout:
-  """What the sampler returns; T = P + N (prompt slots, then generated slots).
-
-  With right-padded prompts a row's padding sits between its prompt and its completion: token s is
-  predicted by the logits at the last valid slot before s, `predictor_index(valid_BT)[:, s]`
-  (s - 1 for left-padded or unpadded prompts).
-
-  Attributes:
-    tokens_BT: int32 [B, T]: the prompt as given, then the generated tokens (pad_id after EOS).
-    valid_BT: bool [B, T]: real tokens (prompt_valid | mask): what a learner forward takes as valid_BT.
-    mask_BT: bool [B, T]: generated tokens up to and including EOS.
-    logprobs_BT: float32 [B, T]: mu, log-prob of each generated token under the sampler's own
-      numerics (see `sampling.py` for temperature / top-k / top-p); 0 where mask is False.
-    lengths_B: int32 [B]: generated tokens per row (sum of mask).
-  """
-
-  tokens_BT: jax.Array
-  valid_BT: jax.Array
-  mask_BT: jax.Array
-  logprobs_BT: jax.Array
-  lengths_B: jax.Array
-
-
-def predictor_index(valid_BT: jax.Array) -> jax.Array:
-  """int32 [B, T]: the last valid slot before each slot (-1 if none): where its token is predicted from.
-
-  For a learner: `logp_BT = take_along_axis(log_softmax(logits_BTV), ...)` at
-  `predictor_index(rollout.valid_BT)` gives pi of each token on the same footing as `logprobs_BT`.
-  """
-  valid_BT = jnp.asarray(valid_BT).astype(bool)
-  T = valid_BT.shape[1]
-  idx = jnp.where(valid_BT, jnp.arange(T, dtype=jnp.int32)[None, :], -1)
-  last_upto = lax.cummax(idx, axis=1)  # last valid slot <= s
-  return jnp.concatenate([jnp.full_like(last_upto[:, :1], -1), last_upto[:, :-1]], axis=1)
+__all__ = ["generate", "row_keys"]
 
 
 def row_keys(key: jax.Array, batch: int) -> jax.Array:
@@ -89,8 +51,9 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
   cache = init_cache(cfg, B, P + N, cache_dtype)
 
   # Prefill: the whole prompt in one pass; logits only at each row's last valid token.
+  numerics = Numerics(act_spec=act_spec)
   h_BPD, cache = forward_hidden(params, prompts_BP, cfg, valid_BT=prompt_valid_BP, cache=cache, cache_index=0,
-                                act_spec=act_spec, lora=lora)
+                                numerics=numerics, lora=lora)
   last_B = P - 1 - jnp.argmax(prompt_valid_BP[:, ::-1], axis=1)
   h_BD = jnp.take_along_axis(h_BPD, last_B[:, None, None], axis=1)[:, 0]
   logits_BV = logits_from_hidden(params, h_BD, cfg)
@@ -110,7 +73,7 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
   def body(c):
     t, cache, prev_B, toks_BN, lps_BN, mask_BN, done_B = c
     h, cache = forward_hidden(params, prev_B[:, None], cfg, positions_BT=(pos_B + t - 1)[:, None],
-                              cache=cache, cache_index=P + t - 1, act_spec=act_spec, lora=lora)
+                              cache=cache, cache_index=P + t - 1, numerics=numerics, lora=lora)
     logits_BV = logits_from_hidden(params, h[:, 0], cfg)
     tok_B, lp_B = sample_tokens(logits_BV, step_keys(t), sampling)
     active_B = ~done_B
@@ -125,25 +88,24 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
   _, _, _, toks_BN, lps_BN, mask_BN, _ = lax.while_loop(cond, body, c)
 
   prompt_valid_BP = prompt_valid_BP.astype(bool)
-  tokens_BT = jnp.concatenate([prompts_BP.astype(jnp.int32), toks_BN], axis=1)
-  mask_BT = jnp.concatenate([jnp.zeros((B, P), bool), mask_BN], axis=1)
   return Rollout(
-      tokens_BT=tokens_BT,
-      valid_BT=jnp.concatenate([prompt_valid_BP, mask_BN], axis=1),
-      mask_BT=mask_BT,
-      logprobs_BT=jnp.concatenate([jnp.zeros((B, P), jnp.float32), lps_BN], axis=1),
-      lengths_B=jnp.sum(mask_BN, axis=1, dtype=jnp.int32),
+      tokens=jnp.concatenate([prompts_BP.astype(jnp.int32), toks_BN], axis=1),
+      valid=jnp.concatenate([prompt_valid_BP, mask_BN], axis=1),
+      loss_mask=jnp.concatenate([jnp.zeros((B, P), bool), mask_BN], axis=1),
+      sampler_logp=jnp.concatenate([jnp.zeros((B, P), jnp.float32), lps_BN], axis=1),
   )
 
 
 def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: SamplingConfig, key,
-             *, cache_dtype=jnp.bfloat16, act_spec=None, lora=None) -> Rollout:
-  """Samples up to `sampling.max_new_tokens` tokens after each prompt.
+             *, group_size: int = 1, cache_dtype=jnp.bfloat16, act_spec=None, lora=None) -> Rollout:
+  """Samples up to `sampling.max_new_tokens` tokens after each prompt, `group_size` times.
 
   Args:
     params: a served tree (`serve_params`: QArray kernels) or a float parameter tree.
     prompts_BP: int [B, P] prompt tokens, left- or right-padded (or both).
     prompt_valid_BP: bool [B, P], True on real prompt tokens; every row needs at least one.
+    group_size: G completions per prompt: the rollout has B·G rows, prompt b's group in rows bG … bG + G − 1
+      (`Rollout.group_size` = G).
     cfg: model config; `cfg.dtype` is the compute dtype of the served model.
     sampling: temperature / top-k / top-p / EOS / pad.
     key: one PRNG key (row b draws with `fold_in(key, b)`) or [B] keys, one seed per request;
@@ -156,7 +118,7 @@ def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: Sa
       computes π in LoRA-only training (QeRL: frozen NVFP4 base + float adapters), or None.
 
   Returns:
-    A `Rollout` with T = P + max_new_tokens.
+    A `Rollout` (tokens, valid, loss_mask, sampler_logp; group_size) with T = P + max_new_tokens.
 
   Raises:
     ValueError: shapes disagree, or a row has no valid prompt token (checked when the mask is concrete).
@@ -169,6 +131,11 @@ def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: Sa
   if not isinstance(prompt_valid_BP, jax.core.Tracer) and not bool(jnp.all(jnp.any(prompt_valid_BP, axis=1))):
     rows = [int(i) for i in jnp.nonzero(~jnp.any(prompt_valid_BP, axis=1))[0]]
     raise ValueError(f"prompt rows {rows} have no valid token")
+  if not isinstance(group_size, int) or group_size < 1:
+    raise ValueError(f"generate: group_size must be a positive int; got {group_size!r}")
+  if group_size > 1:
+    prompts_BP, prompt_valid_BP = (jnp.repeat(x, group_size, axis=0) for x in (prompts_BP, prompt_valid_BP))
   keys_B = row_keys(key, prompts_BP.shape[0])
-  return _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec,
-                   lora)
+  out = _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec,
+                  lora)
+  return out.replace(group_size=group_size)

@@ -37,16 +37,16 @@ class SupervisedBatch(NamedTuple):
   """Prompt + target answer, laid out as the sampler's `Rollout` (T = P + A).
 
   Attributes:
-    tokens_BT: int32 [B, T]: the prompt left-padded to P slots, then answer + EOS right-padded to A slots.
-    valid_BT: bool [B, T]: real tokens (prompt and answer, not padding).
-    mask_BT: bool [B, T]: the answer tokens and EOS: where a supervised loss is taken
+    tokens: int32 [B, T]: the prompt left-padded to P slots, then answer + EOS right-padded to A slots.
+    valid: bool [B, T]: real tokens (prompt and answer, not padding).
+    loss_mask: bool [B, T]: the answer tokens and EOS: where a supervised loss is taken
       (the token at slot s is predicted from the last valid slot before s).
     prompt_len: P.
   """
 
-  tokens_BT: np.ndarray
-  valid_BT: np.ndarray
-  mask_BT: np.ndarray
+  tokens: np.ndarray
+  valid: np.ndarray
+  loss_mask: np.ndarray
   prompt_len: int
 
 
@@ -141,9 +141,9 @@ class Task(abc.ABC):
     a_tok, a_val = pad_sequences(answers, pad_id=self.encoder.pad_id, length=a_len, padding="right", what="answer")
     P = p_tok.shape[1]
     return SupervisedBatch(
-        tokens_BT=np.concatenate([p_tok, a_tok], axis=1),
-        valid_BT=np.concatenate([p_val, a_val], axis=1),
-        mask_BT=np.concatenate([np.zeros_like(p_val), a_val], axis=1),
+        tokens=np.concatenate([p_tok, a_tok], axis=1),
+        valid=np.concatenate([p_val, a_val], axis=1),
+        loss_mask=np.concatenate([np.zeros_like(p_val), a_val], axis=1),
         prompt_len=P,
     )
 

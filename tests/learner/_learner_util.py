@@ -40,7 +40,7 @@ def np_token_logprobs(logits_BTV, tokens_BT, valid_BT):
   return out
 
 
-def make_batch(seed: int, model_cfg, params, *, noise: float = 0.3, per_token_adv: bool = False) -> L.Batch:
+def make_batch(seed: int, model_cfg, params, *, noise: float = 0.3, per_token_adv: bool = False) -> L.Rollout:
   """A batch whose μ and π_old are the model's own log-probs plus noise (so ratios ≠ 1)."""
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, V, (B, T)).astype(np.int32)
@@ -54,7 +54,7 @@ def make_batch(seed: int, model_cfg, params, *, noise: float = 0.3, per_token_ad
   old = logp + 0.5 * noise * rng.normal(size=(B, T))
   adv = rng.normal(size=(B, T) if per_token_adv else (B,))
   f = lambda x: jnp.asarray(x, jnp.float32)
-  return L.Batch(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(loss_mask), sampler_logp=f(mu),
+  return L.Rollout(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(loss_mask), sampler_logp=f(mu),
                  advantages=f(adv), valid=jnp.asarray(valid), old_logp=f(old))
 
 

@@ -14,7 +14,7 @@ from _learner_util import host, make_batch, max_abs_diff, tiny_cfg
 from lrl_jax import learner as L
 
 MC = tiny_cfg()
-CFG = L.LearnerConfig(lr=1e-3, compute_dtype="float32", correction="tis")  # the step tests' config: shared compile
+CFG = L.LearnerConfig(lr=1e-3, compute_dtype="float32", correction=L.CorrectionConfig(method="tis"))  # the step tests' config: shared compile
 
 
 def _batch_for_step(k, params0):

@@ -41,7 +41,7 @@ def _batch(seed=1):
   tokens = rng.integers(0, V, (B, T)).astype(np.int32)
   valid = np.arange(T)[None, :] < rng.integers(T - 4, T + 1, B)[:, None]
   z = jnp.zeros((B, T), jnp.float32)
-  return L.Batch(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(valid), sampler_logp=z,
+  return L.Rollout(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(valid), sampler_logp=z,
                  advantages=jnp.zeros((B,), jnp.float32), valid=jnp.asarray(valid))
 
 

@@ -59,9 +59,8 @@ def test_param_shardings_float_and_served(mesh):
 
 
 def test_state_shardings_follow_params(mesh):
-  cfg = L.LearnerConfig()
-  state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, mesh=mesh, lora=models.LoraConfig(rank=4),
-                               value_head=True)
+  cfg = L.LearnerConfig(lora=models.LoraConfig(rank=4), policy_loss="ppo")  # LoRA adapters + a critic
+  state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, mesh=mesh)
   a = state.lora.params["layers"]["mlp"]["up_proj"]["a"]  # [L, D, r]: (layers, embed, None)
   assert a.sharding.spec == P(None, "fsdp", None)
   mu = state.opt_state[1][0].mu

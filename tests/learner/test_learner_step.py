@@ -25,8 +25,8 @@ def _np_ppo_tis(logp, batch, cfg):
   mu = np.asarray(batch.sampler_logp, np.float64)
   a = np.broadcast_to(np.asarray(batch.advantages, np.float64)[:, None], m.shape)
   r = np.exp(logp - old)
-  surr = np.minimum(r * a, np.clip(r, 1 - cfg.clip_eps_low, 1 + cfg.clip_eps_high) * a)
-  w = np.minimum(np.exp(old - mu), cfg.clip_c)
+  surr = np.minimum(r * a, np.clip(r, 1 - 0.2, 1 + 0.28) * a)  # clip_eps None: ppo_loss's defaults 0.2 / 0.28
+  w = np.minimum(np.exp(old - mu), cfg.correction.clip_c)
   return float(np.sum(np.where(m, -w * surr, 0.0)) / m.sum())
 
 
@@ -35,7 +35,7 @@ def _np_logp(params, batch):
   return np_token_logprobs(np.asarray(logits), np.asarray(batch.tokens), np.asarray(batch.valid))
 
 
-CFG = L.LearnerConfig(lr=1e-3, compute_dtype="float32", correction="tis", micro_batches=1)
+CFG = L.LearnerConfig(lr=1e-3, compute_dtype="float32", correction=L.CorrectionConfig(method="tis"), micro_batches=1)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_qat_step_sees_the_served_int4_weights():
   """bf16 compute + INT4 QAT: π in the step equals the log-probs of the served INT4 tree (codes of the
   bf16 cast of the masters, matmuls through kernels.qmatmul): every mismatch metric is exactly zero."""
   spec = quant.Int4(group_size=32)
-  cfg = CFG.replace(compute_dtype="bfloat16", qat=spec, correction="none")
+  cfg = CFG.replace(compute_dtype="bfloat16", qat=spec, correction=L.CorrectionConfig())
   state = _state(cfg)
   batch = make_batch(6, MC, state.params)
   cast = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), state.params)
@@ -166,12 +166,13 @@ def test_nan_guard_skips_and_counts():
 
 @pytest.mark.parametrize("base", [pytest.param("float", marks=pytest.mark.slow), "int4-served"])
 def test_lora_only_trains_adapters_over_frozen_base(base):
-  cfg = L.LearnerConfig(lr=1e-2, compute_dtype="float32", qat=quant.Int4(group_size=32) if base == "float" else None)
+  cfg = L.LearnerConfig(lr=1e-2, compute_dtype="float32", qat=quant.Int4(group_size=32) if base == "float" else None,
+                        lora=models.LoraConfig(rank=4))
   params = models.init_params(MC, jax.random.PRNGKey(5))
   if base == "int4-served":  # under jit: one compiled program each, not a dozen small ones per leaf
     rules = quant.QuantRules.default(quant.Int4(group_size=32))
     params = jax.jit(lambda p: quant.quantize_params(p, rules))(params)
-  state = L.create_train_state(KEY, MC, cfg, params=params, lora=models.LoraConfig(rank=4))
+  state = L.create_train_state(KEY, MC, cfg, params=params)
   assert state.trainable == "lora"
   base0, lora0 = host(state.params), host(state.lora.params)
   batch = make_batch(1, MC, jax.jit(quant.dequantize_params)(params))
@@ -192,15 +193,16 @@ def test_value_head_trains_on_returns_only_and_acrl_reference():
   """Zero advantages: the policy gradient vanishes (params unchanged); the value head learns, and the
   reported value loss matches the NumPy pinball + MSE formula (write-up 003). ACRL's X is measured
   on the first batch: X = mean_b mean_t |π_old − μ| (Fan et al. 2026)."""
-  cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", value_coef=1.0, value_delta_schedule=False,
-                        correction="acrl")
-  state = _state(cfg, value_head=True)
+  cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", policy_loss="ppo",  # a critic: Δ = 0.1, no schedule
+                        value=L.ValueConfig(coef=1.0, alpha=0.7, quantized=True, schedule="constant"),
+                        correction=L.CorrectionConfig(method="acrl"))
+  state = _state(cfg)
   batch = make_batch(2, MC, state.params)
   rng = np.random.default_rng(7)
   batch = batch.replace(advantages=jnp.zeros((B,), jnp.float32),
                         returns=jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
   assert not bool(state.acrl.is_set)
-  values = np.asarray(L.compute_values(state, batch, model_cfg=MC, cfg=cfg), np.float64)
+  values = np.asarray(L.prepare_rollout(state, batch, model_cfg=MC, cfg=cfg)[0].values, np.float64)
   p0, v0 = host(state.params), host(state.value_head)
   state, m = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
   msk = np.asarray(batch.loss_mask, bool)
@@ -216,12 +218,13 @@ def test_value_head_trains_on_returns_only_and_acrl_reference():
   assert float(m["correction/acrl_x"]) == pytest.approx(x, rel=1e-5)
 
 
-def test_compute_old_logprobs_and_ref():
+def test_prepare_rollout_old_logprobs_and_ref():
   cfg = L.LearnerConfig(compute_dtype="float32", micro_batches=2)
   state = _state(cfg)
-  batch = make_batch(5, MC, state.params)
+  batch = make_batch(5, MC, state.params).replace(old_logp=None)
   ref = models.init_params(MC, jax.random.PRNGKey(9))
-  old, ref_lp = L.compute_old_logprobs(state, batch, ref, model_cfg=MC, cfg=cfg)
+  out, _ = L.prepare_rollout(state, batch, ref, model_cfg=MC, cfg=cfg, with_old_logp=True)
+  old, ref_lp = out.old_logp, out.ref_logp
   valid = np.asarray(batch.valid)
   np.testing.assert_allclose(np.asarray(old), _np_logp(host(state.params), batch), atol=1e-5)
   np.testing.assert_allclose(np.asarray(ref_lp), _np_logp(ref, batch), atol=1e-5)
@@ -231,7 +234,7 @@ def test_compute_old_logprobs_and_ref():
 @pytest.mark.parametrize("kw, match", [
     (dict(lr=0.0), "lr"),
     (dict(schedule="cosine"), "total_steps"),
-    (dict(correction="tis", correction_level="geometric"), "correction_level"),
+    (dict(correction={"method": "tis", "level": "geometric"}), "learner.correction.level"),
     (dict(policy_loss="gspo", entropy_coef=0.1), "entropy_coef"),
     (dict(agg="mean"), "agg"),
     (dict(qat="int4"), "qat"),
@@ -251,4 +254,5 @@ def test_step_rejects_bad_batch():
   with pytest.raises(ValueError, match="sampler_logp"):
     L.train_step(state, batch.replace(sampler_logp=jnp.zeros((B, T + 1))), model_cfg=MC, cfg=CFG)
   with pytest.raises(ValueError, match="old_logp"):
-    L.train_step(state, batch.replace(old_logp=None), model_cfg=MC, cfg=L.LearnerConfig(correction="mis"))
+    L.train_step(state, batch.replace(old_logp=None), model_cfg=MC,
+                 cfg=L.LearnerConfig(correction=L.CorrectionConfig(method="mis")))

@@ -15,7 +15,7 @@ from lrl_jax.models import ModelConfig
 ARCHS = ("llama", "qwen2", "qwen3")
 
 # One jit'd forward for every test (tracing op by op would dominate the run time).
-fwd = jax.jit(models.forward, static_argnames=("cfg", "qat_rules", "act_spec", "remat"))
+fwd = jax.jit(models.forward, static_argnames=("cfg", "remat"))
 
 
 def tiny_cfg(arch, **kw):
@@ -179,7 +179,7 @@ def test_qat_forward_equals_fake_quantized_params(spec):
   params = random_params(cfg, seed=7)
   rules = quant.QuantRules.default(spec)
   tokens = np.random.default_rng(8).integers(0, cfg.vocab_size, (2, 6))
-  qat, _ = fwd(params, tokens, cfg, qat_rules=rules)
+  qat, _ = fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules))
   fq, _ = fwd(jax.jit(quant.fake_quant_params, static_argnums=1)(params, rules), tokens, cfg)
   plain, _ = fwd(params, tokens, cfg)
   assert np.abs(np.asarray(plain) - np.asarray(qat)).max() > 1e-3  # the rules did quantize
@@ -190,8 +190,8 @@ def test_qat_forward_equals_fake_quantized_params(spec):
     np.testing.assert_array_equal(qat, served)
     np.testing.assert_allclose(qat, fq, rtol=0, atol=1e-5 * np.abs(np.asarray(fq)).max())
     # QAT fading in (learner.qat_warmup_steps): fully faded in it is the served dot again; at 0 the plain one.
-    np.testing.assert_array_equal(fwd(params, tokens, cfg, qat_rules=rules, qat_alpha=1.0)[0], qat)
-    np.testing.assert_array_equal(fwd(params, tokens, cfg, qat_rules=rules, qat_alpha=0.0)[0], plain)
+    np.testing.assert_array_equal(fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, qat_alpha=1.0))[0], qat)
+    np.testing.assert_array_equal(fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, qat_alpha=0.0))[0], plain)
   else:
     np.testing.assert_array_equal(qat, fq)  # same weights, same dots: bit for bit
 
@@ -201,7 +201,7 @@ def test_qat_gradient_is_straight_through():
   params = random_params(cfg, seed=9)
   rules = quant.QuantRules.default(quant.Int4(group_size=32))
   tokens = np.random.default_rng(10).integers(0, cfg.vocab_size, (2, 5))
-  loss = lambda p, r: jnp.mean(models.forward(p, tokens, cfg, qat_rules=r)[0] ** 2)
+  loss = lambda p, r: jnp.mean(models.forward(p, tokens, cfg, numerics=models.Numerics(qat_rules=r))[0] ** 2)
   grad = jax.jit(jax.grad(loss), static_argnums=1)
   g_qat = grad(params, rules)
   # STE: d/dW of loss(fake_quant(W)) is the plain gradient evaluated at the fake-quantized weights.
@@ -233,8 +233,8 @@ def test_w8a8_served_equals_w8a8_qat_forward():
   rules = quant.QuantRules.default(spec)
   tokens = np.random.default_rng(16).integers(0, cfg.vocab_size, (2, 6))
   served = jax.jit(lambda p: quant.quantize_params(p, rules))(params)
-  sampler_w8a8, _ = fwd(served, tokens, cfg, act_spec=act)
-  learner_w8a8, _ = fwd(params, tokens, cfg, qat_rules=rules, act_spec=act)
+  sampler_w8a8, _ = fwd(served, tokens, cfg, numerics=models.Numerics(act_spec=act))
+  learner_w8a8, _ = fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, act_spec=act))
   # NumPy reference of the per-token FP8 activation quantizer on the first q_proj input
   x = np.asarray(jax.random.normal(jax.random.key(0), (5, 64)), np.float64)
   s = np.abs(x).max(-1, keepdims=True) / 448.0
@@ -245,7 +245,7 @@ def test_w8a8_served_equals_w8a8_qat_forward():
   w8a16, _ = fwd(served, tokens, cfg)
   assert np.abs(np.asarray(w8a16) - np.asarray(sampler_w8a8)).max() > 1e-3  # activations were quantized
   with pytest.raises(ValueError, match="act_spec"):
-    models.forward(params, tokens, cfg, act_spec=quant.FP8())
+    models.forward(params, tokens, cfg, numerics=models.Numerics(act_spec=quant.FP8()))
 
 
 def test_bf16_compute_close_to_f32():

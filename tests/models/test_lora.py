@@ -13,7 +13,7 @@ CFG = ModelConfig(arch="qwen2", vocab_size=64, hidden_size=64, intermediate_size
                   num_kv_heads=2)
 LCFG = LoraConfig(rank=4, alpha=8.0)
 TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 6))
-fwd = jax.jit(models.forward, static_argnames=("cfg", "qat_rules", "remat"))
+fwd = jax.jit(models.forward, static_argnames=("cfg", "remat"))
 
 
 def _params():
@@ -27,7 +27,7 @@ def _with_random_b(lora, seed=2):
 
 
 def _loss(lora, base, rules=None):
-  logits, _ = models.forward(base, TOKENS, CFG, lora=lora, qat_rules=rules)
+  logits, _ = models.forward(base, TOKENS, CFG, lora=lora, numerics=models.Numerics(qat_rules=rules))
   logp = jax.nn.log_softmax(logits, -1)
   return -jnp.mean(jnp.take_along_axis(logp[:, :-1], TOKENS[:, 1:, None], -1))
 
@@ -82,7 +82,7 @@ def test_lora_over_fake_quantized_base():
   lora = _with_random_b(models.init_lora(CFG, LoraConfig(rank=2, alpha=2.0, targets=r"attn/(q|v)_proj"),
                                          jax.random.key(6)))
   assert set(lora.params["layers"]["attn"]) == {"q_proj", "v_proj"}
-  got, _ = fwd(params, TOKENS, CFG, lora=lora, qat_rules=rules)
+  got, _ = fwd(params, TOKENS, CFG, lora=lora, numerics=models.Numerics(qat_rules=rules))
   fq = jax.jit(lambda p: quant.fake_quant_params(p, rules))(params)
   want, _ = fwd(fq, TOKENS, CFG, lora=lora)
   np.testing.assert_array_equal(got, want)

@@ -177,7 +177,7 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
   sc = sampler.SamplingConfig(max_new_tokens=n_new, temperature=0.0, eos_id=None)
   ro = sampler.generate(params, jnp.asarray(toks), jnp.asarray(valid), cfg, sc, jax.random.key(0),
                         cache_dtype=jnp.float32)
-  got = np.asarray(ro.tokens_BT)[:, P:]
+  got = np.asarray(ro.tokens)[:, P:]
   for b in range(len(prompts)):
     print(f"\nSmolLM2 greedy: {tok.decode(got[b].tolist())!r}")
     assert got[b].tolist() == ref[b]

@@ -220,8 +220,8 @@ def test_qat_forward_equals_served_sampler_forward(spec):
   p = _params(spec) if spec.learned else models.init_params(CFG, jax.random.key(0))
   models.check_params(p, CFG)
   tokens = np.random.default_rng(3).integers(0, CFG.vocab_size, (2, 7))
-  fwd = jax.jit(models.forward, static_argnames=("cfg", "qat_rules"))
-  qat, _ = fwd(p, tokens, CFG, qat_rules=rules)
+  fwd = jax.jit(models.forward, static_argnames=("cfg",))
+  qat, _ = fwd(p, tokens, CFG, numerics=models.Numerics(qat_rules=rules))
   served = sampler.serve_params(p, rules, dtype=jnp.float32)
   assert isinstance(served["layers"]["attn"]["q_proj"]["kernel"], quant.QArray)
   got, _ = fwd(served, tokens, CFG)
@@ -234,18 +234,18 @@ def test_qat_warmup_blends_float_and_fake_quant():
   rules = quant.QuantRules.default(LSQ)
   p = _params(LSQ)
   tokens = np.random.default_rng(4).integers(0, CFG.vocab_size, (2, 5))
-  fwd = jax.jit(models.forward, static_argnames=("cfg", "qat_rules"))
+  fwd = jax.jit(models.forward, static_argnames=("cfg",))
   plain, _ = fwd(p, tokens, CFG)
-  qat, _ = fwd(p, tokens, CFG, qat_rules=rules)
-  a0, _ = fwd(p, tokens, CFG, qat_rules=rules, qat_alpha=0.0)
-  a1, _ = fwd(p, tokens, CFG, qat_rules=rules, qat_alpha=1.0)
+  qat, _ = fwd(p, tokens, CFG, numerics=models.Numerics(qat_rules=rules))
+  a0, _ = fwd(p, tokens, CFG, numerics=models.Numerics(qat_rules=rules, qat_alpha=0.0))
+  a1, _ = fwd(p, tokens, CFG, numerics=models.Numerics(qat_rules=rules, qat_alpha=1.0))
   np.testing.assert_array_equal(np.asarray(a0), np.asarray(plain))
   np.testing.assert_array_equal(np.asarray(a1), np.asarray(qat))
   # α = 0.5: the forward on the float64-blended weights w + ½(ŵ − w).
   fq = quant.fake_quant_params(p, rules)
   half = jax.tree_util.tree_map(lambda a, b: (np.asarray(a, np.float64) + np.asarray(b, np.float64)) / 2, p, fq)
   want, _ = fwd(jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), half), tokens, CFG)
-  got, _ = fwd(p, tokens, CFG, qat_rules=rules, qat_alpha=0.5)
+  got, _ = fwd(p, tokens, CFG, numerics=models.Numerics(qat_rules=rules, qat_alpha=0.5))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
   cfg = L.LearnerConfig(qat=LSQ, qat_start_step=3, qat_warmup_steps=4)
   alphas = [float(cfg.qat_alpha(t)) for t in range(9)]
@@ -263,7 +263,7 @@ def test_learner_trains_the_learned_scales_and_the_sampler_serves_them():
   s0 = np.asarray(qp["kernel_scale"]).copy()
   rng = np.random.default_rng(5)
   tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32)
-  batch = L.Batch(tokens=tokens, loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
+  batch = L.Rollout(tokens=tokens, loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
                   sampler_logp=jnp.full((4, 8), -4.0), advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
                   valid=jnp.ones((4, 8), bool))
   for _ in range(2):
@@ -283,19 +283,19 @@ def test_learner_trains_the_learned_scales_and_the_sampler_serves_them():
 
 def test_config_keys_reach_the_learner_and_the_sampler():
   from lrl_jax.config import ConfigError, load_config
-  from lrl_jax.rl.setup import learner_config, sync_spec
+  from lrl_jax.rl.setup import sync_spec
 
   cfg = load_config(None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32",
                            "quant.int4_scheme=learned", "quant.int4_zero_point=true", "learner.qat_start_step=5",
                            "learner.qat_warmup_steps=10", "learner.qat_init=grid", "learner.int4_update_clip=2"])
-  lcfg = learner_config(cfg)
+  lcfg = cfg.learner
   assert lcfg.qat == LSQZ and lcfg.qat_init == "grid" and lcfg.int4_update_clip == 2.0
   assert (lcfg.qat_start_step, lcfg.qat_warmup_steps) == (5, 10)
   assert sync_spec(cfg).rules.spec_for("layers/mlp/up_proj/kernel") == LSQZ  # the sampler serves the same scheme
   # quant.targets narrows what the sampler serves and, the same, what the learner fake-quantizes.
   narrow = load_config(None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32",
                               r"quant.targets=(q|k)_proj/kernel$"])
-  for rules in (learner_config(narrow).qat_rules, sync_spec(narrow).rules):
+  for rules in (narrow.learner.qat_rules, sync_spec(narrow).rules):
     assert rules.spec_for("layers/attn/q_proj/kernel") is not None
     assert rules.spec_for("layers/mlp/up_proj/kernel") is None
   with pytest.raises(ConfigError, match="int4_scheme"):
@@ -319,7 +319,7 @@ def test_learner_update_clip_and_grid_init():
   w0 = jax.tree_util.tree_map(np.asarray, state.params)
   rng = np.random.default_rng(6)
   tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32)
-  batch = L.Batch(tokens=tokens, loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
+  batch = L.Rollout(tokens=tokens, loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
                   sampler_logp=jnp.full((4, 8), -4.0), advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
                   valid=jnp.ones((4, 8), bool))
   state, m = L.train_step(state, batch, model_cfg=CFG, cfg=lcfg)
@@ -346,7 +346,7 @@ def test_learned_scales_restart_from_the_weights_when_qat_switches_on_late():
       lambda kp, x: 3.0 * x if quant.path_str(kp).endswith("_scale") else x, state.params)
   state = state.replace(params=stale)
   rng = np.random.default_rng(7)
-  batch = L.Batch(tokens=jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32),
+  batch = L.Rollout(tokens=jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32),
                   loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False), sampler_logp=jnp.full((4, 8), -4.0),
                   advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]), valid=jnp.ones((4, 8), bool))
   key = ("layers", "attn", "o_proj")

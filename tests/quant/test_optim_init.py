@@ -288,7 +288,7 @@ def test_policy_jolt_is_zero_after_int4_aware_init(scheme):
   rules = quant.QuantRules.default(quant.Int4(group_size=G, **SCHEMES[scheme]))
   params = models.init_params(cfg, jax.random.PRNGKey(12), std=0.2)  # large std: a jolt well above f32 noise
   tokens = jax.random.randint(jax.random.PRNGKey(13), (2, 9), 0, 24)
-  fwd = jax.jit(lambda p, r: models.forward(p, tokens, cfg, qat_rules=r)[0], static_argnums=1)
+  fwd = jax.jit(lambda p, r: models.forward(p, tokens, cfg, numerics=models.Numerics(qat_rules=r))[0], static_argnums=1)
   p0 = quant.init_learned(params, rules)
   kl, m = policy_jolt(fwd, p0, rules)
   lf, lq = fwd(p0, None), fwd(p0, rules)

@@ -147,15 +147,15 @@ def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
 
 def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   cfg = _cfg(tmp_path, "nan", STEPS, "run.ckpt_every=1", "run.max_nonfinite_steps=2", "run.eval_every=0")
-  real = loop.group_advantages
+  real = loop._score
 
-  def poisoned(rewards, cfg_):
-    adv = real(rewards, cfg_)
-    poisoned.calls += 1
-    return adv * np.nan if poisoned.calls > 2 else adv  # steps 2, 3, ... give NaN advantages
+  def poisoned(task, rollout, prompt_len, refs, cfg_):
+    rewards, stats = real(task, rollout, prompt_len, refs, cfg_)
+    poisoned.calls += 1  # call 1 is the evaluation before RL
+    return (rewards * np.nan if poisoned.calls > 3 else rewards), stats  # steps 2, 3, ... give NaN advantages
 
   poisoned.calls = 0
-  monkeypatch.setattr(loop, "group_advantages", poisoned)
+  monkeypatch.setattr(loop, "_score", poisoned)
   with pytest.raises(L.NonFiniteError, match="2 consecutive"):
     train(cfg, progress=False, export=False)
   ck = L.Checkpointer(tmp_path / "nan" / "checkpoints")
@@ -181,7 +181,7 @@ def test_off_policy_generates_with_the_previous_weights(tmp_path):
     ("learner.lrr=1", "valid keys in learner"),
     ("run.steps=abc", "run.steps='abc' must be an int"),
     ("quant.sampler=int3", "one of bf16, int4, fp8, nvfp4, mxfp8"),
-    ("correction.clip_c=0.5", "LearnerConfig.clip_c must be a number > 1"),  # rejected by the learner
+    ("learner.correction.clip_c=0.5", "learner.correction.clip_c=0.5 must be > 1"),  # the key as typed
 ])
 def test_cli_config_errors_exit_2_with_the_valid_choices(override, message, capsys):
   assert cli.train_main([QS, override]) == 2
@@ -212,7 +212,7 @@ def test_sharded_learner_mesh_runs_the_loop(tmp_path):
 def test_minibatches_corrections_kl_and_ppo_paths(tmp_path):
   """K = 2 minibatches x 2 micro-batches with TIS and a KL reference; then PPO + QAE (critic, GAE)."""
   r = train(_cfg(tmp_path, "mb", "run.steps=2", "run.eval_every=0", "learner.minibatches=2",
-                 "learner.micro_batches=2", "correction.method=tis", "learner.kl_coef=0.01",
+                 "learner.micro_batches=2", "learner.correction.method=tis", "learner.kl_coef=0.01",
                  "task.format_reward=0.5"), progress=False, export=False)
   for rec in r.records:
     for k in ("correction/weight_mean", "kl_ref", "mismatch/prob_abs_diff_mean", "loss"):

@@ -1,4 +1,5 @@
-"""Unit checks of lrl_jax.rl: weight sync against the quantization contract, the buffer, GAE, advantages."""
+"""Unit checks of lrl_jax.rl and the learner's rollout preparation: weight sync against the quantization contract,
+the buffer, GAE, advantages, the QAE Δ schedule."""
 
 import functools
 
@@ -8,11 +9,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from lrl_jax import learner as L
 from lrl_jax import models, quant
 from lrl_jax.config import load_config
+from lrl_jax.learner.config import UNQUANTIZED_DELTA
 from lrl_jax.quant.rules import path_str
-from lrl_jax.rl import (OffPolicyQueue, RolloutBatch, RolloutBuffer, gae_for_rollouts, group_advantages, merge_lora,
-                        sync, sync_spec)
+from lrl_jax.rl import OffPolicyQueue, RolloutBuffer, merge_lora, sync, sync_spec
+from lrl_jax.rollout import Rollout
 
 QS = "configs/quickstart.yaml"
 
@@ -131,40 +134,44 @@ def test_merge_lora_adds_the_scaled_low_rank_product():
   np.testing.assert_array_equal(np.asarray(merged["embed"]["embedding"]), np.asarray(params["embed"]["embedding"]))
 
 
-def _rollouts(B=8, T=6, seed=0):
+def _rollouts(B=8, T=6, seed=0, **kw):
   rng = np.random.default_rng(seed)
   mask = np.zeros((B, T), bool)
   mask[:, 3:] = True
-  return RolloutBatch(tokens=rng.integers(0, 20, (B, T)), valid=np.ones((B, T), bool), mask=mask,
-                      sampler_logp=-rng.random((B, T)) * mask, rewards=rng.integers(0, 2, B).astype(np.float32),
-                      step=3)
+  return Rollout(tokens=jnp.asarray(rng.integers(0, 20, (B, T)), jnp.int32), valid=jnp.ones((B, T), bool),
+                 loss_mask=jnp.asarray(mask), sampler_logp=jnp.asarray(-rng.random((B, T)) * mask, jnp.float32),
+                 rewards=jnp.asarray(rng.integers(0, 2, B), jnp.float32), **kw)
 
 
 def test_buffer_minibatches_partition_the_rows():
-  rb = _rollouts()
-  rb.set(advantages=np.arange(8, dtype=np.float32))
+  rb = _rollouts(advantages=jnp.arange(8, dtype=jnp.float32))
   buf = RolloutBuffer(minibatches=2, seed=0)
-  buf.put(rb)
+  buf.put(rb, step=3)
   rows = buf.minibatch_rows()
   assert len(rows) == 2 and all(len(r) == 4 for r in rows)
   assert sorted(np.concatenate(rows).tolist()) == list(range(8))
-  for r, mb in zip(rows, buf.minibatches_iter()):
+  for r in rows:
+    mb = buf.rollout.take(jnp.asarray(r))  # what train_step(rows=r) gathers on device
     np.testing.assert_array_equal(np.asarray(mb.advantages), r.astype(np.float32))
-    np.testing.assert_array_equal(np.asarray(mb.tokens), rb.tokens[r])
-  full = buf.full_batch()
-  assert full.tokens.shape == (8, 6) and full.old_logp is None
+    np.testing.assert_array_equal(np.asarray(mb.tokens), np.asarray(rb.tokens)[r])
+    assert mb.group_size == 1 and mb.old_logp is None
+  one = RolloutBuffer(minibatches=1)
+  one.put(rb, step=3)
+  assert one.minibatch_rows() == [None]  # one minibatch: all rows, no gather
 
 
-def test_buffer_rejects_bad_shapes():
+def test_buffer_and_rollout_reject_bad_shapes():
   rb = _rollouts()
   with pytest.raises(ValueError, match="advantages"):
-    rb.set(advantages=np.zeros(5))
-  with pytest.raises(ValueError, match="not set"):
-    rb.to_batch()
+    rb.replace(advantages=jnp.zeros(5)).check()
   with pytest.raises(ValueError, match="rewards"):
-    RolloutBatch(tokens=rb.tokens, valid=rb.valid, mask=rb.mask, sampler_logp=rb.sampler_logp, rewards=np.zeros(3))
+    rb.replace(rewards=jnp.zeros(3)).check()
+  with pytest.raises(ValueError, match="sampler_logp"):
+    rb.replace(sampler_logp=jnp.zeros((8, 7))).check()
+  with pytest.raises(ValueError, match="group_size=3"):
+    rb.replace(group_size=3).check()
   with pytest.raises(ValueError, match="minibatches"):
-    RolloutBuffer(minibatches=3).put(rb.set(advantages=np.zeros(8)))
+    RolloutBuffer(minibatches=3).put(rb, step=0)
 
 
 def test_off_policy_queue_hands_out_the_previous_sync():
@@ -175,20 +182,20 @@ def test_off_policy_queue_hands_out_the_previous_sync():
 
 
 def test_group_advantages_match_numpy():
-  cfg = load_config(QS)
+  cfg = load_config(QS).learner
   r = np.array([1, 0, 0, 1, 1, 1, 1, 0], np.float32)
-  got = group_advantages(r, cfg)
+  got = L.group_advantages(r, cfg, group_size=4)
   g = r.reshape(2, 4).astype(np.float64)
   want = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-6)
   np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-5, atol=1e-6)
-  cfg = load_config(QS, ["learner.advantage=rloo"])
+  cfg = load_config(QS, ["learner.advantage=rloo"]).learner
   want = np.array([[gi - (g[b].sum() - gi) / 3 for gi in g[b]] for b in range(2)]).reshape(-1)
-  np.testing.assert_allclose(group_advantages(r, cfg), want, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(L.group_advantages(r, cfg, group_size=4), want, rtol=1e-6, atol=1e-6)
 
 
-def test_gae_for_rollouts_matches_a_float64_reference():
+def test_gae_targets_match_a_float64_reference():
   """Left-padded prompt (2 pad + 2 prompt), 3 generated tokens then padding; V(s_t) = head at t − 1."""
-  cfg = load_config("configs/ppo_baseline.yaml", ["value.lam=0.9", "value.gamma=0.95"])
+  cfg = load_config("configs/ppo_baseline.yaml", ["learner.value.lam=0.9", "learner.value.gamma=0.95"])
   B, T = 2, 8
   valid = np.zeros((B, T), bool)
   valid[:, 2:7] = True
@@ -198,7 +205,7 @@ def test_gae_for_rollouts_matches_a_float64_reference():
   rng = np.random.default_rng(0)
   values = rng.normal(size=(B, T)).astype(np.float32)
   rewards = np.array([1.0, 0.0], np.float32)
-  adv, targets = gae_for_rollouts(values, rewards, valid, mask, cfg)
+  adv, targets = jax.jit(L.gae_targets, static_argnums=4)(values, rewards, valid, mask, cfg.learner.value)
   raw = np.zeros((B, T))
   ret = np.zeros((B, T))
   for b in range(B):
@@ -222,12 +229,12 @@ def test_gae_for_rollouts_matches_a_float64_reference():
 
 
 def test_step_mismatch_is_pi_old_vs_mu_on_the_batch():
-  from lrl_jax.rl.loop import _mismatch
+  from lrl_jax.learner.step import _mismatch
   rng = np.random.default_rng(0)
   old = -rng.random((4, 6)).astype(np.float32)
   mu = (old + 0.1 * rng.normal(size=(4, 6))).astype(np.float32)
   mask = rng.random((4, 6)) < 0.7
-  got = _mismatch(old, mu, mask)
+  got = jax.jit(_mismatch)(old, mu, mask)
   d = np.abs(np.exp(old.astype(np.float64)) - np.exp(mu.astype(np.float64)))[mask]
   lr = (old.astype(np.float64) - mu)[mask]
   assert float(got["prob_abs_diff_mean"]) == pytest.approx(d.mean(), rel=1e-5)
@@ -235,12 +242,13 @@ def test_step_mismatch_is_pi_old_vs_mu_on_the_batch():
   assert float(got["kl_k3"]) == pytest.approx(np.mean(np.expm1(lr) - lr), rel=1e-4)
 
 
-def test_qae_delta_scale_follows_the_config_boundaries():
-  from lrl_jax.rl.setup import delta_scale
-  cfg = load_config("configs/ppo_qae.yaml")  # boundaries [20, 40], schedule step
-  assert [delta_scale(cfg, k) for k in (0, 19, 20, 39, 40, 100)] == [3, 3, 2, 2, 1, 1]
-  assert delta_scale(load_config("configs/ppo_qae.yaml", ["value.schedule=constant"]), 0) == 1
-  assert delta_scale(load_config("configs/ppo_baseline.yaml"), 0) == 1  # unquantized critic
+def test_qae_delta_multiplier_follows_the_config_boundaries():
+  value = load_config("configs/ppo_qae.yaml").learner.value  # boundaries [20, 40], schedule step
+  assert [float(value.delta_multiplier(k)) for k in (0, 19, 20, 39, 40, 100)] == [3, 3, 2, 2, 1, 1]
+  const = load_config("configs/ppo_qae.yaml", ["learner.value.schedule=constant"]).learner.value
+  assert float(const.delta_multiplier(0)) == 1
+  assert float(load_config("configs/ppo_baseline.yaml").learner.value.delta_multiplier(0)) == 1  # unquantized
+  assert load_config("configs/ppo_baseline.yaml").learner.value.initial_delta == UNQUANTIZED_DELTA
 
 
 def test_results_render_tables_and_claims():

@@ -36,15 +36,15 @@ def pad(prompts, side, P=None):
 
 def completions(r, n=GREEDY.max_new_tokens):
   """(tokens, mu, mask) of the last n (generated) slots."""
-  P = r.tokens_BT.shape[1] - n
-  return np.asarray(r.tokens_BT)[:, P:], np.asarray(r.logprobs_BT)[:, P:], np.asarray(r.mask_BT)[:, P:]
+  P = r.tokens.shape[1] - n
+  return np.asarray(r.tokens)[:, P:], np.asarray(r.sampler_logp)[:, P:], np.asarray(r.loss_mask)[:, P:]
 
 
 def teacher_forced_logits(params, r, cfg=CFG):
   """Logits [B, T-1, V] predicting tokens 1.. from a full (cache-free) forward on the rollout (token s
   is predicted at the last valid slot before s: with right padding that is not s - 1)."""
-  logits, _ = fwd(params, r.tokens_BT, cfg, valid_BT=r.valid_BT)
-  valid = np.asarray(r.valid_BT)
+  logits, _ = fwd(params, r.tokens, cfg, valid_BT=r.valid)
+  valid = np.asarray(r.valid)
   prev = np.asarray(sampler.predictor_index(valid))
   for b in range(valid.shape[0]):  # the NumPy definition of predictor_index
     last = -1
@@ -87,7 +87,7 @@ def test_left_right_and_unpadded_prompts_generate_the_same(params):
   tr, lr, mr = completions(rr)
   np.testing.assert_array_equal(tl, tr)
   np.testing.assert_allclose(ll, lr, rtol=0, atol=1e-5)
-  assert ml.all() and mr.all() and np.all(np.asarray(rl.lengths_B) == GREEDY.max_new_tokens)
+  assert ml.all() and mr.all() and np.all(np.asarray(rl.lengths) == GREEDY.max_new_tokens)
   for i in (0, 1):  # a batch of one, no padding at all
     ru = sampler.generate(params, np.asarray([PROMPTS[i]]), np.ones((1, len(PROMPTS[i])), bool), CFG, GREEDY, key,
                           cache_dtype=F32)
@@ -97,11 +97,11 @@ def test_left_right_and_unpadded_prompts_generate_the_same(params):
   # mu of greedy decoding = log softmax of a teacher-forced full forward (f32, accumulation order only).
   for r in (rl, rr):
     lp = np_log_softmax(teacher_forced_logits(params, r))
-    want = np.take_along_axis(lp, np.asarray(r.tokens_BT)[:, 1:, None], -1)[..., 0]
-    m = np.asarray(r.mask_BT)[:, 1:]
-    np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want[m], rtol=0, atol=1e-5)
+    want = np.take_along_axis(lp, np.asarray(r.tokens)[:, 1:, None], -1)[..., 0]
+    m = np.asarray(r.loss_mask)[:, 1:]
+    np.testing.assert_allclose(np.asarray(r.sampler_logp)[:, 1:][m], want[m], rtol=0, atol=1e-5)
     # greedy: each generated token is the argmax of the teacher-forced logits
-    np.testing.assert_array_equal(np.asarray(r.tokens_BT)[:, 1:][m], teacher_forced_logits(params, r).argmax(-1)[m])
+    np.testing.assert_array_equal(np.asarray(r.tokens)[:, 1:][m], teacher_forced_logits(params, r).argmax(-1)[m])
 
 
 def test_eos_stops_each_row(params):
@@ -115,11 +115,11 @@ def test_eos_stops_each_row(params):
   for b in range(len(PROMPTS)):
     hits = np.nonzero(gen[b] == eos)[0]
     n = hits[0] + 1 if hits.size else gen.shape[1]  # EOS itself is generated (mask 1)
-    assert int(r.lengths_B[b]) == n and m2[b, :n].all() and not m2[b, n:].any()
+    assert int(r.lengths[b]) == n and m2[b, :n].all() and not m2[b, n:].any()
     np.testing.assert_array_equal(g2[b, :n], gen[b, :n])
     assert np.all(g2[b, n:] == stop.pad_id) and np.all(l2[b, n:] == 0)
     np.testing.assert_allclose(l2[b, :n], lps[b, :n], rtol=0, atol=1e-6)
-  np.testing.assert_array_equal(r.valid_BT, np.concatenate([valid, m2], 1))
+  np.testing.assert_array_equal(r.valid, np.concatenate([valid, m2], 1))
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.6), (0.8, 7, 0.5)])
@@ -145,12 +145,12 @@ def test_sampled_generation_mu_is_the_truncated_logprob_of_its_own_logits(params
   s = SamplingConfig(max_new_tokens=6, temperature=0.7, top_k=10, top_p=0.8)
   r = sampler.generate(params, *pad(PROMPTS, "right"), CFG, s, jax.random.key(3), cache_dtype=F32)
   tf = teacher_forced_logits(params, r)
-  m = np.asarray(r.mask_BT)[:, 1:]
-  tok = np.asarray(r.tokens_BT)[:, 1:][m]
+  m = np.asarray(r.loss_mask)[:, 1:]
+  tok = np.asarray(r.tokens)[:, 1:][m]
   ref = np_truncated_logprobs(tf[m], temperature=0.7, top_k=10, top_p=0.8)
   want = ref[np.arange(len(tok)), tok]
   assert np.all(np.isfinite(want))  # every drawn token is in the kept set
-  np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want, rtol=0, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(r.sampler_logp)[:, 1:][m], want, rtol=0, atol=1e-4)
 
 
 def test_seed_per_request_is_independent_of_the_batch(params):
@@ -160,9 +160,25 @@ def test_seed_per_request_is_independent_of_the_batch(params):
   rb = sampler.generate(params, toks, valid, CFG, s, key, cache_dtype=F32)
   keys = sampler.row_keys(key, 3)
   r1 = sampler.generate(params, toks[2:], valid[2:], CFG, s, keys[2:], cache_dtype=F32)
-  np.testing.assert_array_equal(r1.tokens_BT[0], rb.tokens_BT[2])
+  np.testing.assert_array_equal(r1.tokens[0], rb.tokens[2])
   other = sampler.generate(params, toks, valid, CFG, s, jax.random.key(5), cache_dtype=F32)
-  assert not np.array_equal(other.tokens_BT, rb.tokens_BT)
+  assert not np.array_equal(other.tokens, rb.tokens)
+
+
+def test_group_size_samples_each_prompt_g_times(params):
+  """generate(group_size=G) == generate of the prompts repeated G times (row b·G + g draws with fold_in(key,
+  b·G + g) either way: bit for bit), and the rollout records its grouping."""
+  s = SamplingConfig(max_new_tokens=6, temperature=1.0)
+  toks, valid = pad(PROMPTS, "left")
+  key = jax.random.key(6)
+  grouped = sampler.generate(params, toks, valid, CFG, s, key, group_size=2, cache_dtype=F32)
+  repeated = sampler.generate(params, np.repeat(toks, 2, 0), np.repeat(valid, 2, 0), CFG, s, key, cache_dtype=F32)
+  assert grouped.group_size == 2 and repeated.group_size == 1 and grouped.size == 6
+  for a, b in zip(jax.tree_util.tree_leaves(grouped), jax.tree_util.tree_leaves(repeated)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  grouped.check()
+  with pytest.raises(ValueError, match="group_size"):
+    sampler.generate(params, toks, valid, CFG, s, key, group_size=0)
 
 
 @pytest.mark.parametrize("spec", [quant.Int4(group_size=32), quant.NVFP4(), quant.FP8()], ids=lambda s: s.name)
@@ -173,10 +189,10 @@ def test_served_low_bit_sampler_equals_dequantized_float_forward(params, spec):
   # The sampler's logits are those of a float forward on dequantize(served), up to accumulation
   # order: mu within 1e-5 (f32), and greedy tokens are the argmax of the teacher-forced logits.
   tf = teacher_forced_logits(deq, r)
-  m = np.asarray(r.mask_BT)[:, 1:]
-  want = np.take_along_axis(np_log_softmax(tf), np.asarray(r.tokens_BT)[:, 1:, None], -1)[..., 0]
-  np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want[m], rtol=0, atol=1e-5)
-  np.testing.assert_array_equal(np.asarray(r.tokens_BT)[:, 1:][m], tf.argmax(-1)[m])
+  m = np.asarray(r.loss_mask)[:, 1:]
+  want = np.take_along_axis(np_log_softmax(tf), np.asarray(r.tokens)[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(r.sampler_logp)[:, 1:][m], want[m], rtol=0, atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(r.tokens)[:, 1:][m], tf.argmax(-1)[m])
 
 
 def test_serve_params_quantizes_the_compute_dtype_cast(params):
@@ -210,8 +226,8 @@ def test_sharded_generation_equals_unsharded(params):
   assert sharded["layers"]["attn"]["o_proj"]["kernel"].codes.sharding.spec[1] == "tensor"
   got = sampler.generate(sharded, sampler.shard_batch(jnp.asarray(toks), mesh),
                          sampler.shard_batch(jnp.asarray(valid), mesh), CFG, s, jax.random.key(6), cache_dtype=F32)
-  np.testing.assert_array_equal(got.tokens_BT, want.tokens_BT)
-  np.testing.assert_allclose(got.logprobs_BT, want.logprobs_BT, rtol=0, atol=1e-5)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.sampler_logp, want.sampler_logp, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("spec", [quant.Int4(group_size=32), pytest.param(quant.NVFP4(), marks=pytest.mark.slow)],
@@ -228,15 +244,15 @@ def test_linear_layout_serving_generates_what_kn_serving_does(params, spec):
   s = SamplingConfig(max_new_tokens=6, temperature=0.9, top_k=20)
   want = sampler.generate(kn, toks, valid, CFG, s, jax.random.key(3), cache_dtype=F32)
   got = sampler.generate(lin, toks, valid, CFG, s, jax.random.key(3), cache_dtype=F32)
-  np.testing.assert_array_equal(got.tokens_BT, want.tokens_BT)
-  np.testing.assert_allclose(got.logprobs_BT, want.logprobs_BT, rtol=0, atol=1e-5)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.sampler_logp, want.sampler_logp, rtol=0, atol=1e-5)
   mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   sharded = sampler.shard_params(lin, mesh)
   assert sharded["layers"]["attn"]["q_proj"]["kernel"].codes.sharding.spec == jax.sharding.PartitionSpec(
       None, "tensor", None)  # [L, H·Dh, D/2]: heads on the tensor axis, as [L, D/2, H·Dh] had them last
   got = sampler.generate(sharded, sampler.shard_batch(jnp.asarray(toks), mesh),
                          sampler.shard_batch(jnp.asarray(valid), mesh), CFG, s, jax.random.key(3), cache_dtype=F32)
-  np.testing.assert_array_equal(got.tokens_BT, want.tokens_BT)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
   with pytest.raises(ValueError, match="layout must be one of"):
     sampler.serve_params(params, spec, layout="nk")
 
@@ -266,12 +282,12 @@ def test_generation_with_lora_over_an_nvfp4_base(params):
       jax.random.key(2), lora.params["layers"]["mlp"]["up_proj"]["b"].shape)
   toks, valid = pad(PROMPTS, "left")
   r = sampler.generate(served, toks, valid, CFG, GREEDY, jax.random.key(0), cache_dtype=F32, lora=lora)
-  logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(served, r.tokens_BT, CFG, valid_BT=r.valid_BT,
+  logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(served, r.tokens, CFG, valid_BT=r.valid,
                                                                 lora=lora)
-  prev = np.maximum(np.asarray(sampler.predictor_index(np.asarray(r.valid_BT))), 0)[:, 1:]
+  prev = np.maximum(np.asarray(sampler.predictor_index(np.asarray(r.valid))), 0)[:, 1:]
   tf = np.take_along_axis(np.asarray(logits, np.float64), prev[:, :, None], axis=1)
-  m = np.asarray(r.mask_BT)[:, 1:]
-  want = np.take_along_axis(np_log_softmax(tf), np.asarray(r.tokens_BT)[:, 1:, None], -1)[..., 0]
-  np.testing.assert_allclose(np.asarray(r.logprobs_BT)[:, 1:][m], want[m], rtol=0, atol=1e-5)
+  m = np.asarray(r.loss_mask)[:, 1:]
+  want = np.take_along_axis(np_log_softmax(tf), np.asarray(r.tokens)[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(r.sampler_logp)[:, 1:][m], want[m], rtol=0, atol=1e-5)
   base = sampler.generate(served, toks, valid, CFG, GREEDY, jax.random.key(0), cache_dtype=F32)
-  assert not np.array_equal(np.asarray(base.logprobs_BT), np.asarray(r.logprobs_BT))
+  assert not np.array_equal(np.asarray(base.sampler_logp), np.asarray(r.sampler_logp))

@@ -99,15 +99,15 @@ def test_supervised_batch_masks_exactly_the_answer():
   b = t.supervised_batch(3, 32)
   prompts, refs = t.prompts(3, 32)
   P = b.prompt_len
-  assert P == t.max_prompt_len and b.tokens_BT.shape == (32, P + t.max_answer_len)
-  assert not b.mask_BT[:, :P].any()
+  assert P == t.max_prompt_len and b.tokens.shape == (32, P + t.max_answer_len)
+  assert not b.loss_mask[:, :P].any()
   for i, (p, r) in enumerate(zip(prompts, refs)):
-    prompt_ids = b.tokens_BT[i, :P][b.valid_BT[i, :P]]
+    prompt_ids = b.tokens[i, :P][b.valid[i, :P]]
     assert list(prompt_ids) == [1] + TOK.encode(p)
-    answer_ids = b.tokens_BT[i][b.mask_BT[i]]
+    answer_ids = b.tokens[i][b.loss_mask[i]]
     assert list(answer_ids) == TOK.encode(r) + [TOK.eos_id]
-    assert (b.mask_BT[i] <= b.valid_BT[i]).all() and b.valid_BT[i, P:].sum() == len(r) + 1
-    assert b.valid_BT[i, :P].sum() == len(p) + 1 and not b.valid_BT[i, :P][:P - len(p) - 1].any()  # left pad
+    assert (b.loss_mask[i] <= b.valid[i]).all() and b.valid[i, P:].sum() == len(r) + 1
+    assert b.valid[i, :P].sum() == len(p) + 1 and not b.valid[i, :P][:P - len(p) - 1].any()  # left pad
 
 
 def test_exact_reward():

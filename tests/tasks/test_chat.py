@@ -62,7 +62,7 @@ def test_chat_arithmetic_task_batches():
     assert list(tokens[i][valid[i]]) == f.encode_prompt(p) and valid[i, -lens[i]:].all()  # left-padded
   b = t.supervised_batch(0, 4)
   for i, r in enumerate(refs):
-    assert list(b.tokens_BT[i][b.mask_BT[i]]) == [vocab[c] for c in r] + [vocab["<|im_end|>"]]
+    assert list(b.tokens[i][b.loss_mask[i]]) == [vocab[c] for c in r] + [vocab["<|im_end|>"]]
   assert t.reward(f.decode_completion(_ids([f"{prompts[0]}{refs[0]}", "<|im_end|>"], vocab)), refs[0]) == 1.0
 
 

@@ -1,0 +1,89 @@
+"""The supervised warm-up before RL: cross-entropy on the task's answers with the learner's optimizer and numerics.
+
+A policy that never answers correctly gets no GRPO signal; `run.sft_steps` steps of supervised training on the
+task's reference answers (+ EOS) put it at partial accuracy first. The warm-up uses the learner's AdamW at the
+constant `run.sft_lr` and the learner's forward (QAT when `quant.learner` is set and not scheduled for later).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from tqdm.auto import tqdm
+
+from lrl_jax import learner as L
+from lrl_jax import quant
+from lrl_jax.rl import metrics as M
+from lrl_jax.rollout import Rollout
+
+__all__ = ["supervised_warmup", "prepare_qat_params", "warmup_learner_config"]
+
+
+def warmup_learner_config(cfg) -> L.LearnerConfig:
+  """The learner settings of the warm-up: `cfg.learner` at the constant `run.sft_lr`, one batch per update, no
+  correction; without QAT when QAT is scheduled on the RL steps (`learner.qat_start_step` / `qat_warmup_steps`)."""
+  lcfg = cfg.learner.replace(lr=cfg.run.sft_lr or cfg.learner.lr, schedule="constant", warmup_steps=0,
+                             total_steps=None, minibatches=1, micro_batches=1, correction=L.CorrectionConfig())
+  return lcfg.without_qat() if lcfg.qat_fades else lcfg
+
+
+def prepare_qat_params(cfg, params):
+  """The starting parameters under the learner's QAT options, before any step.
+
+  `learner.qat_init=grid`: the quantized kernels are snapped to their own INT4 grid
+  (`quant.int4_aware_init`; for a pretrained model that is a one-time quantization of the masters).
+  `quant.int4_scheme=learned`: the learned scales (and zero points) are added next to the kernels
+  (`quant.init_learned`), so that the warm-up already trains them.
+  """
+  lcfg = cfg.learner
+  if params is None or lcfg.qat is None or lcfg.lora is not None:
+    return params
+  if lcfg.qat_init == "grid":
+    params = quant.int4_aware_init(params, lcfg.qat_rules, dtype=jnp.dtype(lcfg.compute_dtype))
+  if getattr(lcfg.qat, "learned", False):
+    params = quant.init_learned(params, lcfg.qat_rules, dtype=jnp.dtype(lcfg.compute_dtype))
+  return params
+
+
+@functools.partial(jax.jit, static_argnames=("model_cfg", "lcfg"), donate_argnums=(0, 1))
+def _sft_step(params, opt_state, tokens, valid, mask, *, model_cfg, lcfg):
+  tx = L.make_optimizer(lcfg)
+  zeros = jnp.zeros(tokens.shape, jnp.float32)
+
+  def loss_fn(p):
+    r = Rollout(tokens=tokens, loss_mask=mask, sampler_logp=zeros, valid=valid)
+    logp = L.token_logprobs(p, r, model_cfg, cfg=lcfg)  # the learner's numerics (QAT forward when set)
+    m = mask.astype(jnp.float32)
+    return -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.maximum(jnp.sum(m), 1.0)
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = None, progress: bool = True):
+  """`run.sft_steps` steps of cross-entropy on the task's answers (+ EOS) (`warmup_learner_config`); batches of
+  `run.sft_batch` sequences (default: batch_prompts × group_size). Returns the params."""
+  params = prepare_qat_params(cfg, params)
+  steps = cfg.run.sft_steps
+  if steps == 0:
+    return params
+  lcfg = warmup_learner_config(cfg)
+  n = cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
+  params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32), params)
+  opt_state = L.make_optimizer(lcfg).init(params)
+  bar = tqdm(range(steps), desc="warm-up (supervised)", disable=not progress, leave=False, dynamic_ncols=True)
+  for i in bar:
+    sb = setup.task.supervised_batch(i, n)
+    params, opt_state, loss = _sft_step(params, opt_state, jnp.asarray(sb.tokens), jnp.asarray(sb.valid),
+                                        jnp.asarray(sb.loss_mask), model_cfg=setup.model_cfg, lcfg=lcfg)
+    if i % 10 == 0 or i == steps - 1:
+      lv = float(loss)
+      bar.set_postfix(loss=f"{lv:.3f}")
+      if logger is not None:
+        logger.log(i, {"sft_loss": lv}, phase="sft")
+  bar.close()
+  return params
