@@ -132,6 +132,7 @@ class LearnerConfig(Schema):
   b1: float = 0.9  # Adam β₁
   b2: float = 0.999  # Adam β₂
   eps: float = 1e-8  # Adam ε
+  nesterov: bool = False  # Adam with Nesterov momentum (NAdamW; Dozat 2016)
   grad_clip: float | None = 1.0  # clip the gradient's global norm to this; null = off
   schedule: Literal["constant", "cosine"] = "constant"  # learning rate after the linear warm-up
   warmup_steps: int = 0  # linear learning-rate warm-up from 0, in applied updates

@@ -102,7 +102,7 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
   [-> int4_update_clip(k): no INT4 weight moves more than k steps of its group's grid per update]."""
   parts = [] if cfg.grad_clip is None else [optax.clip_by_global_norm(cfg.grad_clip)]
   parts.append(optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                           mu_dtype=jnp.dtype(cfg.opt_state_dtype), mask=_decay_mask))
+                           mu_dtype=jnp.dtype(cfg.opt_state_dtype), mask=_decay_mask, nesterov=cfg.nesterov))
   if cfg.int4_update_clip is not None:
     parts.append(quant.int4_update_clip(cfg.qat_rules, k=cfg.int4_update_clip))
   return optax.chain(*parts)

@@ -4,6 +4,7 @@ NaN guard, LoRA-only, value head, ACRL state, config validation."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from _learner_util import B, T, _forward, assert_update_close, host, make_batch, max_abs_diff, np_token_logprobs, tiny_cfg
@@ -256,3 +257,27 @@ def test_step_rejects_bad_batch():
   with pytest.raises(ValueError, match="old_logp"):
     L.train_step(state, batch.replace(old_logp=None), model_cfg=MC,
                  cfg=L.LearnerConfig(correction=L.CorrectionConfig(method="mis")))
+
+
+def test_optimizer_keys_from_yaml_reach_optax():
+  """The learner's YAML keys are the optimizer's settings: learner.b1 / b2 / eps / nesterov / grad_clip=null give
+  exactly optax.adamw's updates with those settings (the reference), and not the defaults' updates."""
+  from lrl_jax.config import load_config
+
+  cfg = load_config(None, ["learner.lr=0.1", "learner.b1=0.5", "learner.b2=0.9", "learner.eps=1e-3",
+                           "learner.nesterov=true", "learner.grad_clip=null"]).learner
+  params = {"layer": {"kernel": jnp.asarray([1.0, -2.0, 3.0])}}
+  grads = [{"layer": {"kernel": jnp.asarray(g)}} for g in ([0.3, -0.1, 0.2], [-0.2, 0.4, 0.1])]
+  ref = optax.adamw(0.1, b1=0.5, b2=0.9, eps=1e-3, weight_decay=0.0, nesterov=True)
+
+  def updates(tx):
+    state, out = tx.init(params), []
+    for g in grads:
+      u, state = tx.update(g, state, params)
+      out.append(np.asarray(u["layer"]["kernel"]))
+    return out
+
+  for got, want in zip(updates(L.make_optimizer(cfg)), updates(ref)):
+    np.testing.assert_array_equal(got, want)  # the same optax transformation: bit for bit
+  plain = updates(L.make_optimizer(cfg.replace(nesterov=False)))
+  assert not np.array_equal(plain[1], updates(ref)[1])
