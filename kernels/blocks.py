@@ -55,9 +55,11 @@ Target = Literal["tpu", "gpu", "mosaic_gpu"]
 #   Mosaic GPU: 64 code rows per chunk (bk 128 for 4-bit formats, 64 for 8-bit), bn 128: a (64, 128) tile
 #        dequantized in the `wgmma` register layout. Shared memory with 3 chunks in flight: 3 x 25 KiB of
 #        TMA buffers plus the bf16 operands (2 x 16 KiB) and a 32 KiB f32 tile for the expanded scales, which
-#        then stages the output tile: 141-173 KiB per program (`mosaic_gpu.smem_bytes`).
+#        then stages the output tile: 141-173 KiB per program (`matmul.smem_bytes`).
 DEFAULTS = {"tpu": {"bn": 256, "bk": 1024}, "gpu": {"bn": 128, "bk": 128}, "mosaic_gpu": {"bn": 128, "bk": 128}}
-_MGPU_ROWS = 64  # code rows per chunk on Mosaic GPU: the wgmma register layout is 64-row tiles
+# Rows of one warpgroup MMA (the wgmma M), whose register layout is 64-row tiles: on Mosaic GPU the row tile and
+# the code rows per chunk (mosaic_gpu.py), the weight rows per program of the linear-layout kernel (linear.py).
+WGMMA_M = 64
 _GPU_MAX_PROGRAMS = 264  # 2 waves on an H100/H200 (132 SMs): the split-K heuristic's target
 _TPU_MAX_FULL_N = 1024  # full-dimension TPU blocks above these would crowd VMEM
 _TPU_MAX_FULL_K = 4096
@@ -194,7 +196,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   # Mosaic GPU: always the 64 rows of one warpgroup MMA.
   bm = min(max(16, _next_pow2(m)), max(16, _next_pow2(block.bm)))
   if target == "mosaic_gpu":
-    bm = _MGPU_ROWS
+    bm = WGMMA_M
   m_pad = -(-m // bm) * bm
 
   def group_ok(c: int) -> bool:  # a chunk holds whole scale groups
@@ -227,7 +229,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       return c % 64 == 0 and c <= 256
 
     def k_ok(c: int) -> bool:  # whole scale groups; 64 code rows, the wgmma register layout's tile
-      return group_ok(c) and c % per_row == 0 and c // per_row == _MGPU_ROWS
+      return group_ok(c) and c % per_row == 0 and c // per_row == WGMMA_M
   else:
     # Triton: power-of-two tiles, dots >= 16 on every side.
     def n_ok(c: int) -> bool:
@@ -239,7 +241,7 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
       return group_ok(c) and c % per_row == 0 and _pow2(rows) and rows >= 16 and _pow2(srows)
 
   if target == "mosaic_gpu":
-    dflt = {**dflt, "bk": _MGPU_ROWS * per_row}
+    dflt = {**dflt, "bk": WGMMA_M * per_row}
   bn = _choose(n, block.bn, ng if ng > 1 else dflt["bn"], n_ok, "N", name)
 
   split_k = 1
@@ -277,7 +279,6 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
 
 # --------------------------------------------------------------------------- the linear-layout kernel
 
-WGMMA_M = 64  # weight rows per program: the wgmma M
 _LINEAR_BK = 128  # logical K per pipeline step: a 64-byte row of int4 codes, a 256-byte row of bf16 activations
 _LINEAR_MT_MAX = 128  # activation rows per program: the wgmma N (multiple of 8, <= 256); 128 keeps acc at 64 regs
 # Split-K target: about 4 programs per SM of an H200 (132 SMs). A program holds ~30 KiB of shared memory and few

@@ -62,11 +62,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
+from lrl_jax.kernels._decode import _e2m1
 from lrl_jax.kernels._mgpu_decode import _codes_as_int4, _e2m1_as_bf16
 from lrl_jax.kernels.blocks import _LINEAR_MT_MAX, WGMMA_M, LinearPlan, Unsupported, linear_plan
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
-from lrl_jax.kernels.matmul import _e2m1, _zero_cotangent, _x_cotangent
+from lrl_jax.kernels.matmul import _zero_cotangent, _x_cotangent
 from lrl_jax.kernels.mosaic_gpu import _swizzled
 
 # LinearPlan and linear_plan live beside Plan in blocks.py; they are this kernel's plan, and exported here too.

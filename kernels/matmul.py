@@ -33,30 +33,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
+from lrl_jax.kernels import mosaic_gpu as _mg
+from lrl_jax.kernels._decode import _apply_dec, _decode_scale, dequant_plane, kernel_operands
 from lrl_jax.kernels.blocks import BlockConfig, Plan, Target, Unsupported, plan
 
-__all__ = ["w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul", "default_target"]
+__all__ = ["w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul", "default_target", "smem_bytes"]
 
 
 # --------------------------------------------------------------------------- in-kernel decoding
 
 
-def _e2m1(nib: jax.Array) -> jax.Array:
-  """4-bit E2M1 pattern (sign, 2 exponent bits e, 1 mantissa bit m; OCP MX spec) -> f32, exactly.
-
-  |v| = m/2 when e = 0 (subnormal), (1 + m/2)·2^(e−1) otherwise -> {0, .5, 1, 1.5, 2, 3, 4, 6}. Built as
-  f32 bits with integer ops (neither Triton nor Mosaic lowers a float4 bitcast): for e > 0 the f32
-  exponent is e + 126 and m the top mantissa bit, i.e. ((nib & 7) << 22) + (126 << 23); e = 0 gives
-  0 or 0.5 (126 << 23); the sign is bit 3 moved to bit 31. No int -> float convert: on sm_90 those run
-  at 16 per clock per SM, a quarter of the integer ops, and one per element capped the kernels
-  (kernels/README.md, "Instruction mix").
-  """
-  mag = jnp.where((nib & 6) == 0, (nib & 1) * (126 << 23), ((nib & 7) << 22) + (126 << 23))
-  return lax.bitcast_convert_type(mag | ((nib & 8) << 28), jnp.float32)
-
-
 def _e2m1_bf16(nib: jax.Array) -> jax.Array:
-  """E2M1 nibble (int32) -> bf16, exactly, with few instructions: the GPU form of `_e2m1`.
+  """E2M1 nibble (int32) -> bf16, exactly, with few instructions: the GPU form of `_decode._e2m1`.
 
   The magnitude index i = nib & 7 becomes bf16 by bits (0x4300 | i is 128 + i), and the eight magnitudes
   {0, .5, 1, 1.5, 2, 3, 4, 6} are max(i/2, i − 2, 2i − 8) (one line each for i <= 4, i = 5..6, i = 7),
@@ -82,31 +70,6 @@ def _int4_bf16(nib: jax.Array) -> jax.Array:
   nib − 8 (Marlin's "magic number" decode, here in bf16).
   """
   return _magic_bf16(nib, 136)
-
-
-def _e8m0(u: jax.Array) -> jax.Array:
-  """uint8 view of float8_e8m0fnu -> f32: 2^(u − 127); 255 is NaN (OCP MX spec)."""
-  u = u.astype(jnp.int32)
-  bits = jnp.where(u == 0, 0x00400000, u << 23)  # 2^-127 is an f32 subnormal: mantissa bit 22
-  v = lax.bitcast_convert_type(bits, jnp.float32)
-  return jnp.where(u == 255, jnp.nan, v)
-
-
-def _decode_codes(c: jax.Array, spec: quant.Spec, plane: int) -> jax.Array:
-  """A tile of stored codes -> f32 values (plane 0: low nibble, 1: high nibble)."""
-  if isinstance(spec, (quant.Int4, quant.NVFP4)):
-    ci = c.astype(jnp.int32)  # widen first: 8-bit vector shifts are not on every TPU generation
-    nib = (ci & 0xF) if plane == 0 else ((ci >> 4) & 0xF)
-    if isinstance(spec, quant.Int4):
-      return (nib - 8).astype(jnp.float32)  # stored as q + 8
-    return _e2m1(nib)
-  return c.astype(jnp.float32)  # float8_e4m3fn -> f32 is exact
-
-
-def _decode_scale(s: jax.Array, spec: quant.Spec) -> jax.Array:
-  if isinstance(spec, quant.MXFP8):
-    return _e8m0(s)
-  return s.astype(jnp.float32)
 
 
 def _expand_rows(s: jax.Array, rows: int) -> jax.Array:
@@ -180,18 +143,6 @@ def _tile_product(x_tiles, c, s, z=None, *, spec, x_dtype, precision, gpu: bool 
   return acc
 
 
-def dequant_plane(c, plane: int, sf, zf, *, spec) -> jax.Array:
-  """ŵ of one nibble plane (or of an 8-bit tile) in f32, in `quant.dequantize`'s order: (q − z) · s.
-
-  c: the code tile; sf / zf: the scales / zero points expanded to it, f32 (zf None without zero points).
-  NVFP4: e2m1 · s_b, exact; its per-matrix dec multiplies the summed product outside the kernel (`_apply_dec`).
-  """
-  q = _decode_codes(c, spec, plane)
-  if zf is not None:
-    q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
-  return q * sf
-
-
 def _kernel(*refs, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, precision, chunks: int,
             m_rows: int | None = None, gpu: bool = False):
   """One program's output tile. m_rows (k_loop only): the real row count when the last row tile overhangs it;
@@ -254,9 +205,7 @@ def default_target() -> Target:
   if backend == "tpu":
     return "tpu"
   if backend != "cpu":
-    # Lazy: mosaic_gpu imports this module (a cycle at import time).
-    from lrl_jax.kernels.mosaic_gpu import triton_available  # pylint: disable=g-import-not-at-top
-    if not triton_available():
+    if not _mg.triton_available():  # read at call time: tests patch mosaic_gpu.triton_available
       return "mosaic_gpu"
   return "gpu"
 
@@ -291,38 +240,13 @@ def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
     raise ValueError(f"{name}: activations must be float32/bfloat16/float16, got {x.dtype}")
 
 
-def kernel_operands(xp: jax.Array, q: quant.QArray, p: Plan, *, zp_dtype=None):
-  """The kernels' inputs: (x planes, [*planes, codes, scales, (zero points)], has_zp).
-
-  Packed formats split x into its even / odd K columns (one plane per nibble); MXFP8's e8m0 scales travel
-  as their uint8 view (decoded in-kernel); INT4 zero points are cast to zp_dtype when given. NVFP4's
-  per-matrix decode scale stays outside: `_apply_dec` multiplies the kernel's f32 output by it.
-  """
-  xs = [xp[:, 0::2], xp[:, 1::2]] if p.packed else [xp]
-  scale = q.scale
-  if isinstance(q.spec, quant.MXFP8):
-    scale = lax.bitcast_convert_type(scale, jnp.uint8)  # a view: e8m0 is decoded in-kernel
-  operands = [*xs, q.codes, scale]
-  has_zp = q.zero_point is not None
-  if has_zp:
-    operands.append(q.zero_point if zp_dtype is None else q.zero_point.astype(zp_dtype))
-  return xs, operands, has_zp
-
-
-def _apply_dec(y: jax.Array, q: quant.QArray) -> jax.Array:
-  """The kernel's f32 product times NVFP4's per-matrix decode scale (once, after the K sum: `quant.qdot`)."""
-  return y if q.global_scale is None else y * q.global_scale.astype(jnp.float32)
-
-
 def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target, interpret: bool):
   """x [M, K] @ QArray [K, N] -> [M, N] in x.dtype through one pallas_call."""
   m, k = x.shape
   n = q.shape[1]
   p = plan(m, k, n, q.spec, block, target)
   if target == "mosaic_gpu":
-    # Lazy: mosaic_gpu imports this module (a cycle at import time).
-    from lrl_jax.kernels.mosaic_gpu import mosaic_gpu_2d  # pylint: disable=g-import-not-at-top
-    return mosaic_gpu_2d(x, q, p, interpret)
+    return _mg.mosaic_gpu_2d(x, q, p, interpret)
   # TPU (k_grid): blocks must tile the arrays, so M is padded to the row tile. GPU (k_loop): the last row tile
   # overhangs M and the kernel masks its rows, so neither x nor the [S, M, N] f32 split-K partials carry padding
   # (at M = 1, 16-row partials were 2 MiB written and 2 MiB read back for 8192x8192 at S = 4, beside 33 MiB of
@@ -450,6 +374,17 @@ def pallas_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockCo
   plan(m, k, n, q.spec, block, target)  # raise at trace time, outside the custom_vjp
   y = _pallas_vjp(x.reshape(m, k), q, block, target, interpret)
   return y.reshape(*lead, n)
+
+
+def smem_bytes(x: jax.ShapeDtypeStruct, q, block=None) -> int:
+  """Shared memory one program of the Mosaic GPU kernel allocates, as Mosaic GPU's lowering counts it.
+
+  Lowers `pallas_matmul(x, q, block=block, target="mosaic_gpu")` for cuda (`mosaic_gpu.lowered_smem_bytes`);
+  no GPU needed.
+  """
+  block = block or BlockConfig()
+  return _mg.lowered_smem_bytes(lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False),
+                                x, q)
 
 
 def w4a16_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),

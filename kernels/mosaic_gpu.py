@@ -14,7 +14,7 @@ stages a dequantized `wgmma` operand the same way). One program (one warpgroup, 
      Smaller groups (16 for NVFP4, 32 / 64 for INT4, 32 for MXFP8) are expanded to one row per code row
      in an f32 SMEM tile (a broadcast per group, in the strided register layout) and read back in the
      `wgmma` layout; that tile later stages the output tile for its TMA store.
-  3. Decode exactly as the Triton / Mosaic TPU kernels (`matmul.dequant_plane`, same f32 operations in
+  3. Decode exactly as the Triton / Mosaic TPU kernels (`_decode.dequant_plane`, same f32 operations in
      the same order as `quant.dequantize`), round to x.dtype, store to the swizzled SMEM operand.
   4. `wgmma` x_plane (64, bk/2) @ ŵ_plane (bk/2, bn) into the f32 accumulator, both planes.
 
@@ -42,12 +42,10 @@ from jax import export, lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
-from lrl_jax.kernels.blocks import BlockConfig, Plan
-from lrl_jax.kernels.matmul import _apply_dec, _decode_scale, dequant_plane, kernel_operands, pallas_matmul
+from lrl_jax.kernels._decode import _apply_dec, _decode_scale, dequant_plane, kernel_operands
+from lrl_jax.kernels.blocks import WGMMA_M, Plan
 
-__all__ = ["mosaic_gpu_2d", "triton_available", "smem_bytes", "lowered_smem_bytes"]
-
-WGMMA_M = 64  # rows of one warpgroup MMA: the row tile
+__all__ = ["mosaic_gpu_2d", "triton_available", "lowered_smem_bytes"]
 
 
 def triton_available() -> bool:
@@ -177,13 +175,6 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
       **kwargs,
   )
   return _apply_dec(call(*operands).sum(axis=0)[:m], q).astype(x.dtype)
-
-
-def smem_bytes(x: jax.ShapeDtypeStruct, q, block=None) -> int:
-  """Shared memory one program of the kernel allocates, as Mosaic GPU's lowering counts it (no GPU needed)."""
-  block = block or BlockConfig()
-  return lowered_smem_bytes(lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False),
-                            x, q)
 
 
 def lowered_smem_bytes(fn, *args) -> int:

@@ -11,6 +11,7 @@ import numpy as np
 import jax.numpy as jnp
 
 from lrl_jax.kernels import matmul
+from lrl_jax.kernels._decode import _e2m1
 
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 NIBS = jnp.arange(16, dtype=jnp.int32)
@@ -25,7 +26,7 @@ def test_nibble_decodes_are_exact_for_every_code():
   e = _f64(matmul._e2m1_bf16(NIBS))
   np.testing.assert_array_equal(e, E2M1)
   np.testing.assert_array_equal(np.signbit(e), np.arange(16) >= 8)  # -0 keeps its sign
-  e32 = _f64(matmul._e2m1(NIBS))  # the f32-bits form (TPU, Mosaic GPU)
+  e32 = _f64(_e2m1(NIBS))  # the f32-bits form (TPU, Mosaic GPU)
   np.testing.assert_array_equal(e32, E2M1)
   np.testing.assert_array_equal(np.signbit(e32), np.arange(16) >= 8)
 

@@ -16,6 +16,7 @@ from lrl_jax import kernels, quant
 from lrl_jax.kernels import BlockConfig, Unsupported, dispatch, pallas_matmul, xla_matmul
 from lrl_jax.kernels import mosaic_gpu as mg
 from lrl_jax.kernels.blocks import plan
+from lrl_jax.kernels.matmul import smem_bytes
 from tests.kernels.test_matmul import K, N, SPECS, TOL, _check_close, _np_dequant, _served, _weights
 
 FORMATS = ["int4_g32", "int4_g128", "int4_g32_minmax", "nvfp4", "fp8_channel", "mxfp8"]
@@ -129,7 +130,7 @@ def test_lowers_for_cuda_within_shared_memory(fmt, k, n, m):
   x = jax.ShapeDtypeStruct((m, k), jnp.bfloat16)
   f = jax.jit(lambda x, q: pallas_matmul(x, q, target="mosaic_gpu", interpret=False))
   assert "@mosaic_gpu" in export.export(f, platforms=["cuda"])(x, q).mlir_module()
-  assert mg.smem_bytes(x, q) <= 0.8 * 227 * 1024
+  assert smem_bytes(x, q) <= 0.8 * 227 * 1024
 
 
 @pytest.mark.parametrize("fmt", ["int4_g128", "nvfp4"])
