@@ -10,7 +10,7 @@ AOT    := $(VENV)/.installed-aot
 LIBTPU := $(VENV)/libtpu
 PYTEST := $(BIN)/python -m pytest -q -n 2
 
-.PHONY: demo test test-ref test-aot test-slow bench numerics clean
+.PHONY: demo test lint format test-ref test-aot test-slow bench numerics clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,8 +33,16 @@ $(AOT): $(STAMP)
 demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
-test: $(STAMP)  ## the default suite (< 15 min on 2 CPU cores)
+test: lint  ## the linter, then the default suite (< 15 min on 2 CPU cores)
 	$(PYTEST) -m "not slow and not ref and not device and not aot"
+
+lint: $(STAMP)  ## the formatter and the linter (ruff, configured in pyproject.toml): the tree must be formatted and clean
+	$(BIN)/ruff format --check --diff .
+	$(BIN)/ruff check .
+
+format: $(STAMP)  ## format the tree and apply the linter's safe fixes
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 test-ref: $(REF)  ## parity tests against torch / transformers; a skip here is a failure
 	LRL_JAX_REQUIRE_REF=1 $(PYTEST) -m ref

@@ -15,8 +15,18 @@ from lrl_jax.kernels.linear import linear_layout, qlinear, supported_linear, xla
 from lrl_jax.kernels.matmul import fp8_matmul, nvfp4_matmul, pallas_matmul, w4a16_matmul
 
 __all__ = [
-    "qmatmul", "supported", "Support", "xla_matmul",
-    "qlinear", "linear_layout", "supported_linear", "xla_linear",
-    "w4a16_matmul", "nvfp4_matmul", "fp8_matmul", "pallas_matmul",
-    "BlockConfig", "Unsupported",
+  "qmatmul",
+  "supported",
+  "Support",
+  "xla_matmul",
+  "qlinear",
+  "linear_layout",
+  "supported_linear",
+  "xla_linear",
+  "w4a16_matmul",
+  "nvfp4_matmul",
+  "fp8_matmul",
+  "pallas_matmul",
+  "BlockConfig",
+  "Unsupported",
 ]

@@ -30,14 +30,12 @@ def _e2m1(nib: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(mag | ((nib & 8) << 28), jnp.float32)
 
 
-
 def _e8m0(u: jax.Array) -> jax.Array:
   """uint8 view of float8_e8m0fnu -> f32: 2^(u − 127); 255 is NaN (OCP MX spec)."""
   u = u.astype(jnp.int32)
   bits = jnp.where(u == 0, 0x00400000, u << 23)  # 2^-127 is an f32 subnormal: mantissa bit 22
   v = lax.bitcast_convert_type(bits, jnp.float32)
   return jnp.where(u == 255, jnp.nan, v)
-
 
 
 def _decode_codes(c: jax.Array, spec: quant.Spec, plane: int) -> jax.Array:
@@ -51,12 +49,10 @@ def _decode_codes(c: jax.Array, spec: quant.Spec, plane: int) -> jax.Array:
   return c.astype(jnp.float32)  # float8_e4m3fn -> f32 is exact
 
 
-
 def _decode_scale(s: jax.Array, spec: quant.Spec) -> jax.Array:
   if isinstance(spec, quant.MXFP8):
     return _e8m0(s)
   return s.astype(jnp.float32)
-
 
 
 def dequant_plane(c, plane: int, sf, zf, *, spec) -> jax.Array:
@@ -69,7 +65,6 @@ def dequant_plane(c, plane: int, sf, zf, *, spec) -> jax.Array:
   if zf is not None:
     q = q - zf  # small integers: exact in f32, as dequantize's integer q − z
   return q * sf
-
 
 
 def kernel_operands(xp: jax.Array, q: quant.QArray, p: Plan, *, zp_dtype=None):
@@ -88,7 +83,6 @@ def kernel_operands(xp: jax.Array, q: quant.QArray, p: Plan, *, zp_dtype=None):
   if has_zp:
     operands.append(q.zero_point if zp_dtype is None else q.zero_point.astype(zp_dtype))
   return xs, operands, has_zp
-
 
 
 def _apply_dec(y: jax.Array, q: quant.QArray) -> jax.Array:

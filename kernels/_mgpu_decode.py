@@ -25,23 +25,26 @@ def _codes_as_int4(c_smem, *, flip: bool = True):
   flip=False keeps the nibbles as stored (NVFP4's E2M1 bit patterns, carried as int4 through the relayout).
   """
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import fragmented_array as fa  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir.dialects import arith  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax._src.lib.mlir.dialects import arith  # noqa: PLC0415
+  from jax.experimental.mosaic import gpu as mgpu  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import fragmented_array as fa  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # noqa: PLC0415
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
 
   up4 = mgpu.WGMMA_LAYOUT_UPCAST_4X
   tiles = [tuple(t) for t in up4.tiling.tiles]
   byte_tiles = tuple(t[:-1] + (t[-1] // 2,) for t in tiles)  # ((64, 16), (16, 16), (8, 16), (4,))
-  bytes_layout = plgpu.Layout.TILED(fa.Tiling(byte_tiles), warp_dims=up4.warp_dims, lane_dims=up4.lane_dims,
-                                    vector_dim=up4.vector_dim)
+  bytes_layout = plgpu.Layout.TILED(
+    fa.Tiling(byte_tiles), warp_dims=up4.warp_dims, lane_dims=up4.lane_dims, vector_dim=up4.vector_dim
+  )
   rows, cols = c_smem.shape
   raw = plgpu.load(c_smem, (), layout=bytes_layout)
 
-  @plgpu.inline_mgpu(arg_types=(bytes_layout,),
-                     return_type=plgpu.ShapeDtypeStruct((rows, 2 * cols), jnp.int4, layout=plgpu.Layout.WGMMA_UPCAST_4X))
+  @plgpu.inline_mgpu(
+    arg_types=(bytes_layout,),
+    return_type=plgpu.ShapeDtypeStruct((rows, 2 * cols), jnp.int4, layout=plgpu.Layout.WGMMA_UPCAST_4X),
+  )
   def as_int4(_, a):
     i32 = ir.IntegerType.get_signless(32)
     v8i4 = ir.VectorType.get((8,), ir.IntegerType.get_signless(4))
@@ -81,14 +84,16 @@ def e2m1_pair_bits(r, part: int, *, andi, shrui, muli, prmt, const):
 def _e2m1_as_bf16(q4):
   """int4 [64, bk] in the `wgmma` register layout, holding E2M1 bit patterns -> bf16 e2m1 · 2^-126, exactly."""
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.mosaic import gpu as mgpu  # pylint: disable=g-import-not-at-top
-  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # pylint: disable=g-import-not-at-top
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
-  from jax._src.lib.mlir.dialects import arith, llvm, vector  # pylint: disable=g-import-not-at-top
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax._src.lib.mlir.dialects import arith, llvm, vector  # noqa: PLC0415
+  from jax.experimental.mosaic import gpu as mgpu  # noqa: PLC0415
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils  # noqa: PLC0415
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
 
-  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA,),
-                     return_type=plgpu.ShapeDtypeStruct(q4.shape, jnp.bfloat16, layout=plgpu.Layout.WGMMA))
+  @plgpu.inline_mgpu(
+    arg_types=(plgpu.Layout.WGMMA,),
+    return_type=plgpu.ShapeDtypeStruct(q4.shape, jnp.bfloat16, layout=plgpu.Layout.WGMMA),
+  )
   def convert(_, a):
     i8, i32 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(32)
     v2bf16 = ir.VectorType.get((2,), ir.BF16Type.get())

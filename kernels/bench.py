@@ -39,10 +39,10 @@ __all__ = ["main", "run", "Row"]
 M_ALL = (1, 8, 16, 32, 64, 128)
 SHAPES_ALL = ((4096, 4096), (4096, 14336), (8192, 8192))
 FORMATS = {
-    "int4_g128": quant.Int4(group_size=128),
-    "nvfp4": quant.NVFP4(),
-    "fp8_channel": quant.FP8(),
-    "mxfp8": quant.MXFP8(),
+  "int4_g128": quant.Int4(group_size=128),
+  "nvfp4": quant.NVFP4(),
+  "fp8_channel": quant.FP8(),
+  "mxfp8": quant.MXFP8(),
 }
 
 
@@ -74,8 +74,17 @@ def _time(fn, *args, iters: int, warmup: int) -> float:
   return statistics.median(ts)
 
 
-def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20, warmup: int = 3,
-        block: BlockConfig = BlockConfig(), seed: int = 0, linear_split_k: int | None = None) -> list[Row]:
+def run(
+  *,
+  shapes=SHAPES_ALL,
+  ms=M_ALL,
+  formats=tuple(FORMATS),
+  iters: int = 20,
+  warmup: int = 3,
+  block: BlockConfig = BlockConfig(),
+  seed: int = 0,
+  linear_split_k: int | None = None,
+) -> list[Row]:
   """Times every (shape, M, format, path) and its bf16 baseline; returns the rows.
 
   linear_split_k: split-K of the "linear" rows (None: the plan's choice).
@@ -89,8 +98,10 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
     paths = {"mosaic": "mosaic_gpu"}
   dot_bf16 = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype))
   xla = jax.jit(xla_matmul)
-  kerns = {name: jax.jit(lambda x, q, t=t: pallas_matmul(x, q, block=block, target=t, interpret=False))
-           for name, t in paths.items()}
+  kerns = {
+    name: jax.jit(lambda x, q, t=t: pallas_matmul(x, q, block=block, target=t, interpret=False))
+    for name, t in paths.items()
+  }
   linear = None
   if accel and backend != "tpu" and (_gpu_compute_capability() or 0.0) >= 9.0:
     linear = jax.jit(lambda x, w: mosaic_linear(x, w, split_k=linear_split_k, interpret=False))
@@ -99,10 +110,12 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
   for k, n in shapes:
     kw, kx = jax.random.split(jax.random.fold_in(key, k * 100003 + n))
     w = (jax.random.normal(kw, (k, n), jnp.float32) * 0.02).astype(jnp.bfloat16)
-    qs = {f: jax.block_until_ready(jax.jit(lambda w, s=FORMATS[f]: quant.quantize(w, s, axis=-2))(w))
-          for f in formats}
-    lin_qs = {f: jax.block_until_ready(linear_layout(q)) for f, q in qs.items()
-              if linear is not None and isinstance(q.spec, (quant.Int4, quant.NVFP4))}
+    qs = {f: jax.block_until_ready(jax.jit(lambda w, s=FORMATS[f]: quant.quantize(w, s, axis=-2))(w)) for f in formats}
+    lin_qs = {
+      f: jax.block_until_ready(linear_layout(q))
+      for f, q in qs.items()
+      if linear is not None and isinstance(q.spec, (quant.Int4, quant.NVFP4))
+    }
     for m in ms:
       x = jax.random.normal(jax.random.fold_in(kx, m), (m, k), jnp.bfloat16)
       x_bytes = m * k * 2
@@ -114,8 +127,7 @@ def run(*, shapes=SHAPES_ALL, ms=M_ALL, formats=tuple(FORMATS), iters: int = 20,
         t = _time(xla, x, q, iters=iters, warmup=warmup)
         rows.append(Row(k, n, m, f, "xla", t, nbytes, t_ref / t))
         if not accel:
-          rows.append(Row(k, n, m, f, "pallas", None, nbytes, None,
-                          f"not measured: no accelerator ({backend})"))
+          rows.append(Row(k, n, m, f, "pallas", None, nbytes, None, f"not measured: no accelerator ({backend})"))
           continue
         tries = [(name, kern, q) for name, kern in kerns.items()]
         if f in lin_qs:
@@ -155,10 +167,18 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(prog="lrl-jax bench kernels", description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="M in {1, 16}, (K, N) = (4096, 4096), 5 iterations")
   ap.add_argument("--shapes", type=_pairs, default=None, help="comma-separated KxN, e.g. 4096x4096,8192x8192")
-  ap.add_argument("--m", type=lambda s: tuple(int(v) for v in s.split(",")), default=None,
-                  help="comma-separated M values, e.g. 1,8,16")
-  ap.add_argument("--formats", type=lambda s: tuple(s.split(",")), default=tuple(FORMATS),
-                  help=f"comma-separated subset of {','.join(FORMATS)}")
+  ap.add_argument(
+    "--m",
+    type=lambda s: tuple(int(v) for v in s.split(",")),
+    default=None,
+    help="comma-separated M values, e.g. 1,8,16",
+  )
+  ap.add_argument(
+    "--formats",
+    type=lambda s: tuple(s.split(",")),
+    default=tuple(FORMATS),
+    help=f"comma-separated subset of {','.join(FORMATS)}",
+  )
   ap.add_argument("--iters", type=int, default=None)
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--bn", type=int, default=BlockConfig().bn)
@@ -177,21 +197,34 @@ def main(argv=None) -> int:
   block = BlockConfig(bn=a.bn, bk=a.bk, split_k=a.split_k, num_warps=a.num_warps, num_stages=a.num_stages)
   dev = jax.devices()[0]
   print(f"# lrl_jax kernel benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-  print(f"# backend {jax.default_backend()}, device {dev.device_kind}, {len(jax.devices())} device(s), "
-        f"host {platform.machine()} with {__import__('os').cpu_count()} CPUs, jax {jax.__version__}")
+  print(
+    f"# backend {jax.default_backend()}, device {dev.device_kind}, {len(jax.devices())} device(s), "
+    f"host {platform.machine()} with {__import__('os').cpu_count()} CPUs, jax {jax.__version__}"
+  )
   print(f"# median of {iters} calls after {a.warmup} warm-up; block {block}")
-  rows = run(shapes=shapes, ms=ms, formats=a.formats, iters=iters, warmup=a.warmup, block=block,
-             linear_split_k=a.linear_split_k)
+  rows = run(
+    shapes=shapes, ms=ms, formats=a.formats, iters=iters, warmup=a.warmup, block=block, linear_split_k=a.linear_split_k
+  )
   print(format_table(rows))
   if jax.default_backend() == "cpu":
-    print("\nCPU: timed the XLA dequantize-then-dot path only. Pallas kernels run on CPU in interpret "
-          "mode, far too slow to mean anything; the accelerator (Pallas) rows were NOT measured.")
+    print(
+      "\nCPU: timed the XLA dequantize-then-dot path only. Pallas kernels run on CPU in interpret "
+      "mode, far too slow to mean anything; the accelerator (Pallas) rows were NOT measured."
+    )
   else:
-    slower = [r for r in rows if r.path in ("pallas", "mosaic", "linear") and r.seconds is not None
-              and any(o.path == "xla" and (o.k, o.n, o.m, o.fmt) == (r.k, r.n, r.m, r.fmt)
-                      and o.seconds < r.seconds for o in rows)]
-    print("\nPallas slower than the XLA path at: " +
-          (", ".join(f"{r.fmt} {r.k}x{r.n} M={r.m} ({r.path})" for r in slower) or "none"))
+    slower = [
+      r
+      for r in rows
+      if r.path in ("pallas", "mosaic", "linear")
+      and r.seconds is not None
+      and any(
+        o.path == "xla" and (o.k, o.n, o.m, o.fmt) == (r.k, r.n, r.m, r.fmt) and o.seconds < r.seconds for o in rows
+      )
+    ]
+    print(
+      "\nPallas slower than the XLA path at: "
+      + (", ".join(f"{r.fmt} {r.k}x{r.n} M={r.m} ({r.path})" for r in slower) or "none")
+    )
     for r in rows:
       if r.note.startswith("failed"):
         print(f"FAILED {r.fmt} {r.k}x{r.n} M={r.m} ({r.path}): {r.note}")

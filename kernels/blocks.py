@@ -179,8 +179,9 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
   """
   name = spec.name
   if isinstance(spec, quant.FP8) and spec.granularity == "token":
-    raise Unsupported(f"{name}: per-token scales belong to activations; a weight [K, N] needs "
-                      "FP8(granularity='channel' or 'block')")
+    raise Unsupported(
+      f"{name}: per-token scales belong to activations; a weight [K, N] needs FP8(granularity='channel' or 'block')"
+    )
   packed = isinstance(spec, (quant.Int4, quant.NVFP4))
   kg, ng = scale_groups(spec, k)
   per_row = 2 if packed else 1
@@ -204,8 +205,8 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
 
   if target == "tpu":
     if ng > 1 and n != ng:
-      raise Unsupported(f"{name}: on TPU the block-scale tile (bk/{kg}, 1) breaks Mosaic's (8, 128) "
-                        "block tiling")
+      raise Unsupported(f"{name}: on TPU the block-scale tile (bk/{kg}, 1) breaks Mosaic's (8, 128) block tiling")
+
     # Mosaic: the last two dims of every block are multiples of (8, 128) or the full dims.
     # Blocks: x (bm, bk/per_row), codes (bk/per_row, bn), scale (bk/kg, bn).
     def n_ok(c: int) -> bool:
@@ -219,8 +220,13 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
     def k_ok(c: int) -> bool:
       xk = c // per_row
       srows = c // kg if kg < k else 1
-      return (group_ok(c) and c % per_row == 0 and (xk % 128 == 0 or c == k)
-              and (srows % srow_tile == 0 or c == k or kg >= k) and c <= max(_TPU_MAX_FULL_K, dflt["bk"]))
+      return (
+        group_ok(c)
+        and c % per_row == 0
+        and (xk % 128 == 0 or c == k)
+        and (srows % srow_tile == 0 or c == k or kg >= k)
+        and c <= max(_TPU_MAX_FULL_K, dflt["bk"])
+      )
   elif target == "mosaic_gpu":
     if isinstance(spec, quant.FP8) and spec.granularity == "block":
       raise Unsupported(f"{name}: FP8 block scales are not expressed in the Mosaic GPU kernel (Triton / XLA)")
@@ -259,22 +265,33 @@ def plan(m: int, k: int, n: int, spec: quant.Spec, block: BlockConfig, target: T
 
       def split_ok(s: int) -> bool:  # splitting must not shrink the chunk (nor leave < 2 per split)
         ks = k // s
-        return (k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt["bk"]
-                and best_chunk(ks) == best_chunk(k))
+        return k % s == 0 and (kg >= k or ks % kg == 0) and ks >= 2 * dflt["bk"] and best_chunk(ks) == best_chunk(k)
 
       while split_k < 8 and programs * split_k * 2 <= _GPU_MAX_PROGRAMS and split_ok(split_k * 2):
         split_k *= 2
   ks = k // split_k
   if block.bk is not None and ks % block.bk:
     raise Unsupported(f"{name}: K={k} is not a multiple of split_k*bk={split_k}*{block.bk}")
-  bk = _choose(ks, block.bk, dflt["bk"], k_ok, "K" if split_k == 1 else f"K/split_k", name)
+  bk = _choose(ks, block.bk, dflt["bk"], k_ok, "K" if split_k == 1 else "K/split_k", name)
   if split_k > 1 and kg < k and ks % kg:
     raise Unsupported(f"{name}: K/split_k={ks} is not a multiple of the group size {kg}")
   num_warps = block.num_warps or (8 if bm >= 64 else 4)
   if target == "mosaic_gpu":
     num_warps = 4  # one warpgroup
-  return Plan(schedule=schedule, bm=bm, bn=bn, bk=bk, m_pad=m_pad, split_k=split_k,
-              packed=packed, kg=kg, ng=ng, channel=kg >= k, num_warps=num_warps, stages=block.num_stages)
+  return Plan(
+    schedule=schedule,
+    bm=bm,
+    bn=bn,
+    bk=bk,
+    m_pad=m_pad,
+    split_k=split_k,
+    packed=packed,
+    kg=kg,
+    ng=ng,
+    channel=kg >= k,
+    num_warps=num_warps,
+    stages=block.num_stages,
+  )
 
 
 # --------------------------------------------------------------------------- the linear-layout kernel
@@ -329,11 +346,12 @@ def _linear_smem_bytes(mt: int, stages: int, ns: int, scale_bytes: int, *, has_z
   """Shared memory of one program: the pipelined activation and code tiles, the program's scales (NVFP4: also
   their bf16 form; zero points), and the f32 output tile."""
   per_step = mt * _LINEAR_BK * 2 + WGMMA_M * _LINEAR_BK // 2
-  return (stages * per_step + WGMMA_M * ns * (scale_bytes + 2 * nvfp4 + has_zp) + WGMMA_M * mt * 4)
+  return stages * per_step + WGMMA_M * ns * (scale_bytes + 2 * nvfp4 + has_zp) + WGMMA_M * mt * 4
 
 
-def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None = None,
-                stages: int | None = None) -> LinearPlan:
+def linear_plan(
+  m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None = None, stages: int | None = None
+) -> LinearPlan:
   """The tile plan of x [m, k] @ ŵᵀ for w [n, k], or `Unsupported` naming what does not fit.
 
   split_k: programs per output tile along K; None picks it (see `_LINEAR_MAX_PROGRAMS`). stages: steps in flight; None:
@@ -344,8 +362,9 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
     raise Unsupported(f"{spec.name}: the linear-layout kernel takes Int4 and NVFP4; other formats take XLA")
   g = spec.block
   if g % 16 or not (g <= _LINEAR_BK and _LINEAR_BK % g == 0 or g % _LINEAR_BK == 0):
-    raise Unsupported(f"{spec.name}: group size {g} is not a multiple of 16 that divides or is divided by "
-                      f"the {_LINEAR_BK}-wide K step")
+    raise Unsupported(
+      f"{spec.name}: group size {g} is not a multiple of 16 that divides or is divided by the {_LINEAR_BK}-wide K step"
+    )
   if n % WGMMA_M:
     raise Unsupported(f"{spec.name}: N={n} is not a multiple of the {WGMMA_M} weight rows of one wgmma")
   if k % _LINEAR_BK:
@@ -353,21 +372,28 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
   sbytes = jnp.dtype(q.scale.dtype).itemsize
   per_row = [(k // g) * sbytes] + ([k // g] if q.zero_point is not None else [])
   if any(b % 16 for b in per_row):
-    raise Unsupported(f"{spec.name}: a row of scales / zero points is {per_row} bytes (K={k}, G={g}); TMA "
-                      "needs a multiple of 16")
+    raise Unsupported(
+      f"{spec.name}: a row of scales / zero points is {per_row} bytes (K={k}, G={g}); TMA needs a multiple of 16"
+    )
   mt = min(-(-m // 8) * 8, _LINEAR_MT_MAX)
   m_pad = -(-m // mt) * mt
   programs = (n // WGMMA_M) * (m_pad // mt)
 
   def split_ok(s: int) -> bool:  # >= 2 steps per split, whole groups, 16-byte scale / zero-point boxes
     ks = k // s
-    return (k % s == 0 and ks % _LINEAR_BK == 0 and ks >= 2 * _LINEAR_BK and ks % g == 0
-            and all((b // s) % 16 == 0 for b in per_row))
+    return (
+      k % s == 0
+      and ks % _LINEAR_BK == 0
+      and ks >= 2 * _LINEAR_BK
+      and ks % g == 0
+      and all((b // s) % 16 == 0 for b in per_row)
+    )
 
   if split_k is not None:
     if split_k < 1 or (split_k > 1 and not split_ok(split_k)):
-      raise Unsupported(f"{spec.name}: split_k={split_k} does not cut K={k} into whole groups of >= 2 steps "
-                        "with 16-byte scale rows")
+      raise Unsupported(
+        f"{spec.name}: split_k={split_k} does not cut K={k} into whole groups of >= 2 steps with 16-byte scale rows"
+      )
   else:
     split_k = 1
     while split_k < 8 and programs * split_k * 2 <= _LINEAR_MAX_PROGRAMS and split_ok(split_k * 2):
@@ -375,10 +401,18 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
     while k // split_k // g > _TMA_BOX and split_ok(split_k * 2):  # one TMA copy brings a program's scales
       split_k *= 2
   if k // split_k // g > _TMA_BOX:
-    raise Unsupported(f"{spec.name}: {k // split_k // g} scale columns per program (K={k}, G={g}, "
-                      f"split_k={split_k}); one TMA copy takes at most {_TMA_BOX}")
-  smem = functools.partial(_linear_smem_bytes, mt, ns=k // split_k // g, scale_bytes=sbytes,
-                           has_zp=q.zero_point is not None, nvfp4=isinstance(spec, quant.NVFP4))
+    raise Unsupported(
+      f"{spec.name}: {k // split_k // g} scale columns per program (K={k}, G={g}, "
+      f"split_k={split_k}); one TMA copy takes at most {_TMA_BOX}"
+    )
+  smem = functools.partial(
+    _linear_smem_bytes,
+    mt,
+    ns=k // split_k // g,
+    scale_bytes=sbytes,
+    has_zp=q.zero_point is not None,
+    nvfp4=isinstance(spec, quant.NVFP4),
+  )
   if stages is None:
     stages = _LINEAR_STAGES
     while stages > 2 and smem(stages) > _LINEAR_SMEM_BUDGET:
@@ -386,6 +420,8 @@ def linear_plan(m: int, k: int, n: int, q: quant.QArray, *, split_k: int | None 
   if stages < 1:
     raise Unsupported(f"{spec.name}: stages={stages}; at least 1 step in flight")
   if smem(stages) > _LINEAR_SMEM_BUDGET:
-    raise Unsupported(f"{spec.name}: {smem(stages) // 1024} KiB of shared memory per program (M={m}, K={k}, "
-                      f"split_k={split_k}, stages={stages}); sm_90 allows {_LINEAR_SMEM_BUDGET // 1024} with margin")
+    raise Unsupported(
+      f"{spec.name}: {smem(stages) // 1024} KiB of shared memory per program (M={m}, K={k}, "
+      f"split_k={split_k}, stages={stages}); sm_90 allows {_LINEAR_SMEM_BUDGET // 1024} with margin"
+    )
   return LinearPlan(mt=mt, m_pad=m_pad, bk=_LINEAR_BK, split_k=split_k, group=g, stages=stages)

@@ -113,8 +113,7 @@ def _pallas_reason(x, q, backend: str) -> str | None:
   return None
 
 
-def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
-              block: BlockConfig = BlockConfig()) -> Support:
+def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto", block: BlockConfig = BlockConfig()) -> Support:
   """Which path `qmatmul(x, q, impl=impl, block=block)` takes on the default backend, and why.
 
   Raises:
@@ -131,8 +130,11 @@ def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
     return Support(False, "xla", "impl='xla' requested")
   backend = _backend()
   if backend == "cpu" and impl == "auto":
-    return Support(False, "xla", "CPU: XLA dequantize-then-dot is the fast path "
-                   "(Pallas runs only in interpret mode there; ask impl='pallas')")
+    return Support(
+      False,
+      "xla",
+      "CPU: XLA dequantize-then-dot is the fast path (Pallas runs only in interpret mode there; ask impl='pallas')",
+    )
   if impl == "mosaic_gpu" and backend == "tpu":
     return Support(False, "xla", "impl='mosaic_gpu' on a TPU: the Mosaic GPU kernel is for NVIDIA Hopper")
   target = "tpu" if backend == "tpu" else ("gpu" if backend == "cpu" and impl == "pallas" else _gpu_target(impl))
@@ -150,19 +152,21 @@ def supported(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
     try:
       p = plan(m, q.shape[0], q.shape[1], q.spec, block, target)
       if impl == "auto" and backend != "cpu" and p.m_pad // p.bm > MAX_WEIGHT_PASSES:
-        why = (f"M={m}: {p.m_pad // p.bm} passes over the weights (one per {p.bm}-row tile) > {MAX_WEIGHT_PASSES}; "
-               "XLA's dequantize-then-GEMM is the prefill path (impl='pallas' runs the kernel anyway)")
+        why = (
+          f"M={m}: {p.m_pad // p.bm} passes over the weights (one per {p.bm}-row tile) > {MAX_WEIGHT_PASSES}; "
+          "XLA's dequantize-then-GEMM is the prefill path (impl='pallas' runs the kernel anyway)"
+        )
     except Unsupported as e:
       why = str(e)
   if why is not None:
     return Support(False, "xla", why)
   path = {"cpu": "pallas-interpret", "tpu": "pallas-mosaic-tpu"}.get(
-      backend, "pallas-mosaic-gpu" if target == "mosaic_gpu" else "pallas-triton")
+    backend, "pallas-mosaic-gpu" if target == "mosaic_gpu" else "pallas-triton"
+  )
   return Support(True, path, f"{q.spec.name} kernel on {backend}", target)
 
 
-def qmatmul(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto",
-            block: BlockConfig = BlockConfig()) -> jax.Array:
+def qmatmul(x: jax.Array, q: quant.QArray, *, impl: Impl = "auto", block: BlockConfig = BlockConfig()) -> jax.Array:
   """[..., K] @ QArray [K, N] -> [..., N] in x.dtype: x @ dequantize(q), the fastest available way.
 
   Args:

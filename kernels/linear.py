@@ -62,17 +62,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
+from lrl_jax.kernels import dispatch
 from lrl_jax.kernels._decode import _e2m1
 from lrl_jax.kernels._mgpu_decode import _codes_as_int4, _e2m1_as_bf16
 from lrl_jax.kernels.blocks import _LINEAR_MT_MAX, WGMMA_M, LinearPlan, Unsupported, linear_plan
-from lrl_jax.kernels import dispatch
 from lrl_jax.kernels.dispatch import Support
-from lrl_jax.kernels.matmul import _zero_cotangent, _x_cotangent
+from lrl_jax.kernels.matmul import _x_cotangent, _zero_cotangent
 from lrl_jax.kernels.mosaic_gpu import _swizzled
 
 # LinearPlan and linear_plan live beside Plan in blocks.py; they are this kernel's plan, and exported here too.
-__all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan",
-           "linear_plan"]
+__all__ = ["linear_layout", "qlinear", "supported_linear", "xla_linear", "mosaic_linear", "LinearPlan", "linear_plan"]
 
 # NVFP4's wgmma operand is e2m1 · s_b · 2^-_NVFP4_SHIFT: bf16 s_b · 2^126 would overflow for s_b > 2^1.99.
 _NVFP4_SHIFT = 7
@@ -92,16 +91,35 @@ def linear_layout(q: quant.QArray) -> quant.QArray:
   if not isinstance(q, quant.QArray):
     raise TypeError(f"linear_layout: expected a QArray, got {type(q).__name__}")
   if q.ndim < 2 or q.axis != -2:
-    raise ValueError(f"linear_layout: expected a [.., K, N] weight quantized along K (axis=-2); got shape "
-                     f"{q.shape}, axis {q.axis}")
+    raise ValueError(
+      f"linear_layout: expected a [.., K, N] weight quantized along K (axis=-2); got shape {q.shape}, axis {q.axis}"
+    )
   t = lambda a: None if a is None else jnp.swapaxes(a, -1, -2)  # noqa: E731
   return dataclasses.replace(q, codes=t(q.codes), scale=t(q.scale), zero_point=t(q.zero_point), axis=-1)
 
 
-def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, xt_scr, p: LinearPlan, has_zp: bool,
-            nvfp4: bool, x_dtype, bf16_math: bool, interpret: bool):
+def _kernel(
+  x_g,
+  c_g,
+  s_g,
+  *rest,
+  s_smem,
+  z_smem,
+  sb_smem,
+  o_smem,
+  bar,
+  w_scr,
+  xt_scr,
+  p: LinearPlan,
+  has_zp: bool,
+  nvfp4: bool,
+  x_dtype,
+  bf16_math: bool,
+  interpret: bool,
+):
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
   z_g = rest[0] if has_zp else None
   o_g = rest[int(has_zp)]
   j, i, sp = lax.axis_index("n"), lax.axis_index("m"), lax.axis_index("s")
@@ -150,14 +168,14 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, x
     q = decode(c_s)
     for g in range(p.slices):
       col = t * p.slices + g if p.group <= p.bk else t // (p.group // p.bk)
-      qg = q if p.slices == 1 else q[:, g * width:(g + 1) * width]
+      qg = q if p.slices == 1 else q[:, g * width : (g + 1) * width]
       if has_zp:
         qg = qg - lax.broadcast_in_dim(column(z_smem, col).astype(jnp.bfloat16), qg.shape, (0,))
       s = column(s_smem, col)
       if bf16_math:
         w = qg * lax.broadcast_in_dim(s, qg.shape, (0,))
       else:
-        w = (qg.astype(jnp.float32) * lax.broadcast_in_dim(s.astype(jnp.float32), qg.shape, (0,)))
+        w = qg.astype(jnp.float32) * lax.broadcast_in_dim(s.astype(jnp.float32), qg.shape, (0,))
         w = w.astype(x_dtype)
       if interpret:  # the interpreter's wgmma reads both operands from SMEM, untransposed
         w_scr[...] = w
@@ -172,11 +190,14 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, x
 
   # Swizzle atoms no wider than one wgmma's K slice: a slice of the transposed view starts on an atom.
   x_spec = plgpu.BlockSpec((p.mt, p.bk), lambda t: (i, sp * steps + t), transforms=_swizzled(width, x_dtype))
-  c_spec = plgpu.BlockSpec((WGMMA_M, p.bk // 2), lambda t: (j, sp * steps + t), transforms=_swizzled(p.bk // 2, jnp.uint8))
+  c_spec = plgpu.BlockSpec(
+    (WGMMA_M, p.bk // 2), lambda t: (j, sp * steps + t), transforms=_swizzled(p.bk // 2, jnp.uint8)
+  )
 
   def run(acc_ref):
-    plgpu.emit_pipeline(functools.partial(body, acc_ref=acc_ref), grid=(steps,), in_specs=[x_spec, c_spec],
-                        max_concurrent_steps=p.stages)(x_g, c_g)
+    plgpu.emit_pipeline(
+      functools.partial(body, acc_ref=acc_ref), grid=(steps,), in_specs=[x_spec, c_spec], max_concurrent_steps=p.stages
+    )(x_g, c_g)
     return acc_ref[...]
 
   o_smem[...] = pl.run_scoped(run, plgpu.ACC((WGMMA_M, p.mt), jnp.float32))
@@ -185,20 +206,24 @@ def _kernel(x_g, c_g, s_g, *rest, s_smem, z_smem, sb_smem, o_smem, bar, w_scr, x
   plgpu.wait_smem_to_gmem(0)
 
 
-def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, stages: int | None = None,
-                  interpret: bool | None = None) -> jax.Array:
+def mosaic_linear(
+  x: jax.Array, w: quant.QArray, *, split_k: int | None = None, stages: int | None = None, interpret: bool | None = None
+) -> jax.Array:
   """x [M, K] @ ŵᵀ for w [N, K] Int4 or NVFP4 along K -> [M, N] in x.dtype: the Mosaic GPU kernel, no autodiff.
 
   NVFP4 is `quant.qdot`'s form: dec · (x @ (e2m1 · s_b)ᵀ), bf16 activations only. split_k / stages: as
   `linear_plan` (None: the plan's choice). interpret: default True on CPU.
   """
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
   if interpret is None:
     interpret = jax.default_backend() == "cpu"
   if not isinstance(w, quant.QArray) or w.ndim != 2 or w.axis != -1:
-    raise ValueError(f"mosaic_linear: expected one QArray [N, K] quantized along K (axis=-1); got "
-                     f"{getattr(w, 'shape', type(w).__name__)}, axis {getattr(w, 'axis', None)}")
+    raise ValueError(
+      f"mosaic_linear: expected one QArray [N, K] quantized along K (axis=-1); got "
+      f"{getattr(w, 'shape', type(w).__name__)}, axis {getattr(w, 'axis', None)}"
+    )
   if x.ndim != 2 or x.shape[1] != w.shape[1]:
     raise ValueError(f"mosaic_linear: activations {tuple(x.shape)} are not [M, K] for the weight {w.shape}")
   if x.dtype not in (jnp.bfloat16, jnp.float16):
@@ -215,34 +240,36 @@ def mosaic_linear(x: jax.Array, w: quant.QArray, *, split_k: int | None = None, 
   bf16_math = x.dtype == jnp.bfloat16 and w.scale.dtype == jnp.bfloat16
   ns = k // p.split_k // p.group
   scratch = dict(
-      s_smem=plgpu.SMEM((WGMMA_M, ns), w.scale.dtype),
-      z_smem=plgpu.SMEM((WGMMA_M, ns if has_zp else 16), jnp.int8),
-      sb_smem=plgpu.SMEM((WGMMA_M, ns if nvfp4 else 16), jnp.bfloat16),  # NVFP4's scales as bf16
-      o_smem=plgpu.SMEM((WGMMA_M, p.mt), jnp.float32),
-      bar=plgpu.Barrier(num_arrivals=2 if has_zp else 1),  # the scale copy [and the zero-point copy]
-      # The interpreter's wgmma operands (unused when compiled: a few KiB of SMEM).
-      w_scr=plgpu.SMEM((WGMMA_M, p.width) if interpret else (8, 8), x.dtype),
-      xt_scr=plgpu.SMEM((p.width, p.mt) if interpret else (8, 8), x.dtype),
+    s_smem=plgpu.SMEM((WGMMA_M, ns), w.scale.dtype),
+    z_smem=plgpu.SMEM((WGMMA_M, ns if has_zp else 16), jnp.int8),
+    sb_smem=plgpu.SMEM((WGMMA_M, ns if nvfp4 else 16), jnp.bfloat16),  # NVFP4's scales as bf16
+    o_smem=plgpu.SMEM((WGMMA_M, p.mt), jnp.float32),
+    bar=plgpu.Barrier(num_arrivals=2 if has_zp else 1),  # the scale copy [and the zero-point copy]
+    # The interpreter's wgmma operands (unused when compiled: a few KiB of SMEM).
+    w_scr=plgpu.SMEM((WGMMA_M, p.width) if interpret else (8, 8), x.dtype),
+    xt_scr=plgpu.SMEM((p.width, p.mt) if interpret else (8, 8), x.dtype),
   )
   kwargs = {}
   if interpret:
     # Lazy: Mosaic GPU's interpreter (a private jax module), only for interpret=True.
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: PLC0415
+
     kwargs["interpret"] = InterpretGPUParams()
-  kernel = functools.partial(_kernel, p=p, has_zp=has_zp, nvfp4=nvfp4, x_dtype=x.dtype,
-                             bf16_math=bf16_math or nvfp4, interpret=interpret)
+  kernel = functools.partial(
+    _kernel, p=p, has_zp=has_zp, nvfp4=nvfp4, x_dtype=x.dtype, bf16_math=bf16_math or nvfp4, interpret=interpret
+  )
   call = plgpu.kernel(
-      kernel,
-      out_type=jax.ShapeDtypeStruct((p.split_k, n, p.m_pad), jnp.float32),
-      grid=(n // WGMMA_M, p.m_pad // p.mt, p.split_k),
-      grid_names=("n", "m", "s"),
-      scratch_types=scratch,
-      **kwargs,
+    kernel,
+    out_type=jax.ShapeDtypeStruct((p.split_k, n, p.m_pad), jnp.float32),
+    grid=(n // WGMMA_M, p.m_pad // p.mt, p.split_k),
+    grid_names=("n", "m", "s"),
+    scratch_types=scratch,
+    **kwargs,
   )
   operands = [xp, w.codes, w.scale] + ([w.zero_point] if has_zp else [])
   y = call(*operands).sum(axis=0)[:, :m].T
   if nvfp4:  # the wgmma summed e2m1 · s_b · 2^-7 (see `_kernel`): 2^7 and dec, once, as `quant.qdot` applies dec
-    y = y * (w.global_scale.astype(jnp.float32) * 2.0 ** _NVFP4_SHIFT)
+    y = y * (w.global_scale.astype(jnp.float32) * 2.0**_NVFP4_SHIFT)
   return y.astype(x.dtype)
 
 
@@ -263,17 +290,22 @@ def supported_linear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> Su
   if impl not in ("auto", "mosaic_gpu", "xla"):
     raise ValueError(f"qlinear: impl must be 'auto', 'mosaic_gpu' or 'xla'; got {impl!r}")
   if x.ndim < 1 or w.ndim < 1 or x.shape[-1] != w.shape[-1]:
-    raise ValueError(f"qlinear: activations {tuple(x.shape)} do not contract with weight {w.shape} "
-                     "(expected w [N, K], K last)")
+    raise ValueError(
+      f"qlinear: activations {tuple(x.shape)} do not contract with weight {w.shape} (expected w [N, K], K last)"
+    )
   if impl == "xla":
     return Support(False, "xla", "impl='xla' requested")
   backend = dispatch._backend()  # pylint: disable=protected-access
   if backend == "cpu" and impl == "auto":
-    return Support(False, "xla", "CPU: XLA dequantize-then-dot is the fast path (impl='mosaic_gpu' runs the "
-                   "kernel in the interpreter)")
+    return Support(
+      False,
+      "xla",
+      "CPU: XLA dequantize-then-dot is the fast path (impl='mosaic_gpu' runs the kernel in the interpreter)",
+    )
   if backend == "tpu":
-    return Support(False, "xla", "TPU: the linear-layout kernel is Mosaic GPU (Hopper); use qmatmul with the "
-                   "[K, N] layout")
+    return Support(
+      False, "xla", "TPU: the linear-layout kernel is Mosaic GPU (Hopper); use qmatmul with the [K, N] layout"
+    )
   why = None
   if w.ndim != 2 or w.axis != -1:
     why = f"weight of shape {w.shape} quantized along axis {w.axis}; the kernel takes one [N, K] along K"
@@ -288,8 +320,10 @@ def supported_linear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> Su
   if why is None:
     m = int(np.prod(x.shape[:-1])) if x.ndim > 1 else 1
     if m > MAX_M and impl == "auto":
-      why = (f"M={m} > {MAX_M}: the kernel reads the weights once per 128 rows; XLA's dequantize-then-GEMM is the "
-             "prefill path (impl='mosaic_gpu' runs the kernel anyway)")
+      why = (
+        f"M={m} > {MAX_M}: the kernel reads the weights once per 128 rows; XLA's dequantize-then-GEMM is the "
+        "prefill path (impl='mosaic_gpu' runs the kernel anyway)"
+      )
     else:
       try:
         linear_plan(m, w.shape[1], w.shape[0], w)
@@ -340,4 +374,3 @@ def qlinear(x: jax.Array, w: quant.QArray, *, impl: str = "auto") -> jax.Array:
   if impl == "auto":
     dispatch.log_fallback("qlinear", s.reason)
   return xla_linear(x, w)
-

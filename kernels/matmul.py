@@ -82,8 +82,7 @@ def _expand_rows(s: jax.Array, rows: int) -> jax.Array:
 
 def _bf16_int4(spec: quant.Spec, x_dtype, scale_dtype) -> bool:
   """INT4 with bf16 activations and bf16 scales, the W4A16 case: on GPU the kernel runs `_int4_tile_t`."""
-  return (isinstance(spec, quant.Int4) and jnp.dtype(x_dtype) == jnp.bfloat16
-          and jnp.dtype(scale_dtype) == jnp.bfloat16)
+  return isinstance(spec, quant.Int4) and jnp.dtype(x_dtype) == jnp.bfloat16 and jnp.dtype(scale_dtype) == jnp.bfloat16
 
 
 def _int4_tile_t(x_tiles, c, s, z=None, *, precision):
@@ -143,8 +142,18 @@ def _tile_product(x_tiles, c, s, z=None, *, spec, x_dtype, precision, gpu: bool 
   return acc
 
 
-def _kernel(*refs, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, precision, chunks: int,
-            m_rows: int | None = None, gpu: bool = False):
+def _kernel(
+  *refs,
+  spec,
+  p: Plan,
+  n_x: int,
+  has_zp: bool,
+  x_dtype,
+  precision,
+  chunks: int,
+  m_rows: int | None = None,
+  gpu: bool = False,
+):
   """One program's output tile. m_rows (k_loop only): the real row count when the last row tile overhangs it;
   those rows are then masked on load and store (Pallas Triton does not mask an overhanging block itself).
   gpu: the Triton target: W4A16 and NVFP4 take their GPU decode forms (`_int4_tile_t`, `_e2m1_bf16`)."""
@@ -171,7 +180,8 @@ def _kernel(*refs, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, precision, ch
     load_x = lambda r, cols: r[:, cols]
   else:
     # Lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11; `mosaic_gpu.triton_available`).
-    from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+    from jax.experimental.pallas import triton as pltriton  # noqa: PLC0415
+
     row_ok = pl.program_id(0) * p.bm + lax.broadcasted_iota(jnp.int32, (p.bm, 1), 0) < m_rows
     load_x = lambda r, cols: pltriton.load(r.at[:, cols], mask=jnp.broadcast_to(row_ok, (p.bm, rows)), other=0)
 
@@ -215,11 +225,13 @@ def _compiler_params(target: Target, p: Plan, block: BlockConfig, interpret: boo
     return None
   if target == "tpu":
     # Lazy: each Pallas backend is imported for the target that uses it.
-    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
+
     sem = ("parallel", "parallel", "arbitrary" if p.schedule == "k_grid" else "parallel")
     return pltpu.CompilerParams(dimension_semantics=sem)
   # Lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11; `mosaic_gpu.triton_available`).
-  from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import triton as pltriton  # noqa: PLC0415
+
   return pltriton.CompilerParams(num_warps=p.num_warps, num_stages=block.num_stages)
 
 
@@ -229,13 +241,16 @@ def _check(x: jax.Array, q: quant.QArray, kinds, name: str):
   if not isinstance(q.spec, kinds):
     raise ValueError(f"{name}: weight spec {q.spec} is not one of {[k.__name__ for k in kinds]}")
   if q.ndim != 2:
-    raise ValueError(f"{name}: expected one weight matrix [K, N], got a QArray of shape {q.shape}; "
-                     "slice stacked layers first (lax.scan / indexing)")
+    raise ValueError(
+      f"{name}: expected one weight matrix [K, N], got a QArray of shape {q.shape}; "
+      "slice stacked layers first (lax.scan / indexing)"
+    )
   if q.axis != -2:
     raise ValueError(f"{name}: weight [K, N] must be quantized along K (axis=-2), got axis={q.axis}")
   if x.ndim < 1 or x.shape[-1] != q.shape[0]:
-    raise ValueError(f"{name}: activations {tuple(x.shape)} do not contract with weight {q.shape} "
-                     f"(x [..., K] @ w [K, N])")
+    raise ValueError(
+      f"{name}: activations {tuple(x.shape)} do not contract with weight {q.shape} (x [..., K] @ w [K, N])"
+    )
   if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
     raise ValueError(f"{name}: activations must be float32/bfloat16/float16, got {x.dtype}")
 
@@ -292,18 +307,27 @@ def _pallas_2d(x: jax.Array, q: quant.QArray, block: BlockConfig, target: Target
     chunks = ks // p.bk
 
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # no TF32 / bf16 passes
-  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, x_dtype=x.dtype,
-                             precision=precision, chunks=chunks, m_rows=m if not pad and p.m_pad > m else None,
-                             gpu=target == "gpu")
+  kernel = functools.partial(
+    _kernel,
+    spec=q.spec,
+    p=p,
+    n_x=len(xs),
+    has_zp=has_zp,
+    x_dtype=x.dtype,
+    precision=precision,
+    chunks=chunks,
+    m_rows=m if not pad and p.m_pad > m else None,
+    gpu=target == "gpu",
+  )
   out = pl.pallas_call(
-      kernel,
-      out_shape=out_shape,
-      grid=grid,
-      in_specs=in_specs,
-      out_specs=out_spec,
-      interpret=interpret,
-      compiler_params=_compiler_params(target, p, block, interpret),
-      name=f"{q.spec.name}_matmul",
+    kernel,
+    out_shape=out_shape,
+    grid=grid,
+    in_specs=in_specs,
+    out_specs=out_spec,
+    interpret=interpret,
+    compiler_params=_compiler_params(target, p, block, interpret),
+    name=f"{q.spec.name}_matmul",
   )(*operands)
   if p.schedule == "k_loop":
     out = out.sum(axis=0)  # split-K partials [S, M, N] (a no-op reduction when S == 1)
@@ -315,6 +339,7 @@ def _zero_cotangent(q: quant.QArray) -> quant.QArray:
     if jnp.issubdtype(a.dtype, jnp.inexact):
       return jnp.zeros_like(a)
     return np.zeros(a.shape, dtype=jax.dtypes.float0)  # integer leaves take float0 cotangents
+
   return jax.tree.map(zero, q)
 
 
@@ -343,8 +368,14 @@ def _pallas_bwd(block, target, interpret, q, g):
 _pallas_vjp.defvjp(_pallas_fwd, _pallas_bwd)
 
 
-def pallas_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),
-                  target: Target | None = None, interpret: bool | None = None) -> jax.Array:
+def pallas_matmul(
+  x: jax.Array,
+  q: quant.QArray,
+  *,
+  block: BlockConfig = BlockConfig(),
+  target: Target | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """[..., K] @ QArray [K, N] -> [..., N] in x.dtype through the Pallas kernel of q's format.
 
   Args:
@@ -369,8 +400,10 @@ def pallas_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockCo
   lead = x.shape[:-1]
   m = int(np.prod(lead)) if lead else 1
   if target == "mosaic_gpu" and x.dtype == jnp.float32:
-    raise Unsupported("pallas_matmul: the Mosaic GPU kernel takes bfloat16 / float16 activations (wgmma has no "
-                      "exact float32 form); got float32")
+    raise Unsupported(
+      "pallas_matmul: the Mosaic GPU kernel takes bfloat16 / float16 activations (wgmma has no "
+      "exact float32 form); got float32"
+    )
   plan(m, k, n, q.spec, block, target)  # raise at trace time, outside the custom_vjp
   y = _pallas_vjp(x.reshape(m, k), q, block, target, interpret)
   return y.reshape(*lead, n)
@@ -383,12 +416,19 @@ def smem_bytes(x: jax.ShapeDtypeStruct, q, block=None) -> int:
   no GPU needed.
   """
   block = block or BlockConfig()
-  return _mg.lowered_smem_bytes(lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False),
-                                x, q)
+  return _mg.lowered_smem_bytes(
+    lambda x, q: pallas_matmul(x, q, block=block, target="mosaic_gpu", interpret=False), x, q
+  )
 
 
-def w4a16_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),
-                 target: Target | None = None, interpret: bool | None = None) -> jax.Array:
+def w4a16_matmul(
+  x: jax.Array,
+  q: quant.QArray,
+  *,
+  block: BlockConfig = BlockConfig(),
+  target: Target | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """W4A16: x [..., K] (bf16/f32) @ Int4(G) weights [K, N] -> [..., N] in x.dtype.
 
   Nibbles are unpacked with shift/mask, multiplied by their group scale and rounded to
@@ -398,8 +438,14 @@ def w4a16_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockCon
   return pallas_matmul(x, q, block=block, target=target, interpret=interpret)
 
 
-def nvfp4_matmul(x: jax.Array, q: quant.QArray, *, block: BlockConfig = BlockConfig(),
-                 target: Target | None = None, interpret: bool | None = None) -> jax.Array:
+def nvfp4_matmul(
+  x: jax.Array,
+  q: quant.QArray,
+  *,
+  block: BlockConfig = BlockConfig(),
+  target: Target | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """x [..., K] @ NVFP4 weights [K, N] -> [..., N] in x.dtype.
 
   E2M1 nibbles are decoded arithmetically and scaled by their E4M3 block scale (exact in
@@ -444,9 +490,15 @@ def _fp8_act_bwd(q, g):
 _fp8_act_vjp.defvjp(_fp8_act_fwd, _fp8_act_bwd)
 
 
-def fp8_matmul(x: jax.Array, q: quant.QArray, *, act: str | None = None,
-               block: BlockConfig = BlockConfig(), target: Target | None = None,
-               interpret: bool | None = None) -> jax.Array:
+def fp8_matmul(
+  x: jax.Array,
+  q: quant.QArray,
+  *,
+  act: str | None = None,
+  block: BlockConfig = BlockConfig(),
+  target: Target | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """x [..., K] @ FP8 / MXFP8 weights [K, N] -> [..., N] in x.dtype.
 
   Args:
@@ -462,8 +514,10 @@ def fp8_matmul(x: jax.Array, q: quant.QArray, *, act: str | None = None,
   if act != "fp8_token":
     raise ValueError(f"fp8_matmul: act must be None or 'fp8_token'; got {act!r}")
   if not (isinstance(q.spec, quant.FP8) and q.spec.granularity == "channel"):
-    raise ValueError(f"fp8_matmul: act='fp8_token' needs FP8(granularity='channel') weights (scales that "
-                     f"factor out of the K sum); got {q.spec}")
+    raise ValueError(
+      f"fp8_matmul: act='fp8_token' needs FP8(granularity='channel') weights (scales that "
+      f"factor out of the K sum); got {q.spec}"
+    )
   k, n = q.shape
   lead = x.shape[:-1]
   m = int(np.prod(lead)) if lead else 1

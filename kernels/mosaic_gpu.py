@@ -20,7 +20,8 @@ stages a dequantized `wgmma` operand the same way). One program (one warpgroup, 
 
 The [S, M, N] f32 partials are summed by XLA afterwards, as on the Triton path. bm is 64 (the `wgmma`
 M): x is padded to 64 rows (a row of A only feeds the same row of the product), and only the M real
-rows of a single row tile are stored (M > 64 pads to whole tiles). Formats: Int4 (with or without zero points), NVFP4, FP8 channel,
+rows of a single row tile are stored (M > 64 pads to whole tiles).
+Formats: Int4 (with or without zero points), NVFP4, FP8 channel,
 MXFP8; activations bf16 / f16 (`wgmma` has no exact-f32 form). FP8 128x128 block scales are not
 expressed here (a (bk/128, 1) scale tile per program); they take the Triton or XLA path.
 
@@ -51,7 +52,7 @@ __all__ = ["mosaic_gpu_2d", "triton_available", "lowered_smem_bytes"]
 def triton_available() -> bool:
   """True while this jax ships Pallas's Triton backend (deprecated from jax 0.11)."""
   try:  # the probe itself: Pallas's Triton backend may be absent (deprecated from jax 0.11)
-    from jax.experimental.pallas import triton as _  # noqa: F401  pylint: disable=g-import-not-at-top
+    from jax.experimental.pallas import triton as _  # noqa: F401, PLC0415
   except ImportError:
     return False
   return True
@@ -60,18 +61,19 @@ def triton_available() -> bool:
 def _swizzled(cols: int, dtype) -> tuple:
   """SMEM transforms of a [rows, cols] `wgmma` operand: (8, swizzle/itemsize) tiles, the widest swizzle."""
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
   bits = jnp.dtype(dtype).itemsize * 8
   s = plgpu.find_swizzle(cols * bits)
   return (plgpu.TilingTransform((8, s * 8 // bits)), plgpu.SwizzleTransform(s))
 
 
-def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, chunks: int,
-            interpret: bool):
+def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtype, chunks: int, interpret: bool):
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
   n_in = n_x + 2 + int(has_zp)
-  x_g, (c_g, s_g) = refs[:n_x], refs[n_x:n_x + 2]
+  x_g, (c_g, s_g) = refs[:n_x], refs[n_x : n_x + 2]
   z_g = refs[n_x + 2] if has_zp else None
   o_g = refs[n_in]
   rows = p.bk // 2 if p.packed else p.bk  # code rows per chunk
@@ -129,8 +131,9 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtyp
     in_specs.append(plgpu.BlockSpec((srows, p.bn), lambda t: (sp * chunks + t, j)))
 
   def run(acc_ref):
-    plgpu.emit_pipeline(functools.partial(body, acc_ref=acc_ref), grid=(chunks,), in_specs=in_specs,
-                        max_concurrent_steps=p.stages)(*x_g, c_g, s_g, *([z_g] if has_zp else []))
+    plgpu.emit_pipeline(
+      functools.partial(body, acc_ref=acc_ref), grid=(chunks,), in_specs=in_specs, max_concurrent_steps=p.stages
+    )(*x_g, c_g, s_g, *([z_g] if has_zp else []))
     return acc_ref[...]
 
   acc = pl.run_scoped(run, plgpu.ACC((WGMMA_M, p.bn), jnp.float32))
@@ -138,15 +141,17 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtyp
   o_smem[...] = acc
   plgpu.commit_smem()
   out_rows = o_g.shape[1] if p.m_pad == WGMMA_M else WGMMA_M  # one row tile: only M rows are stored
-  plgpu.copy_smem_to_gmem(o_smem.at[pl.ds(0, out_rows)],
-                          o_g.at[sp, pl.ds(i * WGMMA_M, out_rows), pl.ds(j * p.bn, p.bn)])
+  plgpu.copy_smem_to_gmem(
+    o_smem.at[pl.ds(0, out_rows)], o_g.at[sp, pl.ds(i * WGMMA_M, out_rows), pl.ds(j * p.bn, p.bn)]
+  )
   plgpu.wait_smem_to_gmem(0)
 
 
 def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> jax.Array:
   """x [M, K] @ QArray [K, N] -> [M, N] in x.dtype through one Mosaic GPU kernel (plan p, target mosaic_gpu)."""
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.pallas import mosaic_gpu as plgpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
   m, k = x.shape
   n = q.shape[1]
   xp = jnp.pad(x, ((0, p.m_pad - m), (0, 0))) if p.m_pad > m else x
@@ -155,24 +160,26 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
   assert rows == WGMMA_M, p  # sx doubles as the (64, bn) output staging tile
   chunks = k // p.split_k // p.bk
   scratch = dict(
-      w_smem=[plgpu.SMEM((rows, p.bn), x.dtype, transforms=_swizzled(p.bn, x.dtype)) for _ in xs],
-      sx=plgpu.SMEM((rows, p.bn), jnp.float32),
-      zx=plgpu.SMEM((rows, p.bn) if has_zp else (8, p.bn), jnp.float32),
+    w_smem=[plgpu.SMEM((rows, p.bn), x.dtype, transforms=_swizzled(p.bn, x.dtype)) for _ in xs],
+    sx=plgpu.SMEM((rows, p.bn), jnp.float32),
+    zx=plgpu.SMEM((rows, p.bn) if has_zp else (8, p.bn), jnp.float32),
   )
   kwargs = {}
   if interpret:
     # Lazy: Mosaic GPU's interpreter (a private jax module), only for interpret=True.
-    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: PLC0415
+
     kwargs["interpret"] = InterpretGPUParams()
-  kernel = functools.partial(_kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, x_dtype=x.dtype, chunks=chunks,
-                             interpret=interpret)
+  kernel = functools.partial(
+    _kernel, spec=q.spec, p=p, n_x=len(xs), has_zp=has_zp, x_dtype=x.dtype, chunks=chunks, interpret=interpret
+  )
   call = plgpu.kernel(
-      kernel,
-      out_type=jax.ShapeDtypeStruct((p.split_k, m if p.m_pad == WGMMA_M else p.m_pad, n), jnp.float32),
-      grid=(p.m_pad // WGMMA_M, n // p.bn, p.split_k),
-      grid_names=("m", "n", "s"),
-      scratch_types=scratch,
-      **kwargs,
+    kernel,
+    out_type=jax.ShapeDtypeStruct((p.split_k, m if p.m_pad == WGMMA_M else p.m_pad, n), jnp.float32),
+    grid=(p.m_pad // WGMMA_M, n // p.bn, p.split_k),
+    grid_names=("m", "n", "s"),
+    scratch_types=scratch,
+    **kwargs,
   )
   return _apply_dec(call(*operands).sum(axis=0)[:m], q).astype(x.dtype)
 
@@ -183,7 +190,8 @@ def lowered_smem_bytes(fn, *args) -> int:
   Lowers under a zero shared-memory limit and reads the size from the lowering's refusal.
   """
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.mosaic.gpu import core as mgpu_core  # pylint: disable=g-import-not-at-top
+  from jax.experimental.mosaic.gpu import core as mgpu_core  # noqa: PLC0415
+
   with mgpu_core.artificial_shared_memory_limit(0):
     try:
       export.export(jax.jit(fn), platforms=["cuda"])(*args)

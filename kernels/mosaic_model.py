@@ -33,7 +33,8 @@ FORMATS = {"int4_g128": quant.Int4(), "nvfp4": quant.NVFP4()}  # what the linear
 def lowered_kernel(x: jax.ShapeDtypeStruct, w, **kwargs) -> str:
   """The Mosaic GPU module of `mosaic_linear(x, w)` lowered for cuda, as MLIR text (no GPU needed)."""
   # Lazy: the Mosaic GPU bindings may be missing from an install, and are slow to import.
-  from jax.experimental.mosaic.gpu import core  # pylint: disable=g-import-not-at-top
+  from jax.experimental.mosaic.gpu import core  # noqa: PLC0415
+
   seen = []
   orig = core._run_serde_pass  # pylint: disable=protected-access
 
@@ -57,8 +58,18 @@ _DEF = re.compile(r"^\s*(%[\w.#-]+)(?::\d+)? = ([\w.]+)(.*)$")
 _OPERAND = re.compile(r"%[\w.#-]+")
 # Side-effect-free ops LLVM hoists out of the loop when their operands are loop-invariant, and merges when they
 # repeat (CSE). Views (bitcast / extract / broadcast of one register) are looked through.
-_PURE = ("arith.", "vector.", "gpu.thread_id", "gpu.block_dim", "llvm.mlir.", "llvm.bitcast", "llvm.extractelement",
-         "llvm.insertelement", "llvm.extractvalue", "builtin.unrealized_conversion_cast")
+_PURE = (
+  "arith.",
+  "vector.",
+  "gpu.thread_id",
+  "gpu.block_dim",
+  "llvm.mlir.",
+  "llvm.bitcast",
+  "llvm.extractelement",
+  "llvm.insertelement",
+  "llvm.extractvalue",
+  "builtin.unrealized_conversion_cast",
+)
 _VIEWS = ("vector.bitcast", "vector.extract", "vector.broadcast", "llvm.bitcast", "builtin.unrealized_conversion_cast")
 
 
@@ -145,8 +156,17 @@ def loop_op_mix(text: str, *, optimized: bool = False) -> dict[str, int]:
   return mix
 
 
-def predicted(m: int, k: int, n: int, spec: quant.Spec = quant.Int4(), dtype=jnp.bfloat16, *, split_k=None,
-              optimized: bool = False, text: str | None = None):
+def predicted(
+  m: int,
+  k: int,
+  n: int,
+  spec: quant.Spec = quant.Int4(),
+  dtype=jnp.bfloat16,
+  *,
+  split_k=None,
+  optimized: bool = False,
+  text: str | None = None,
+):
   """The static roofline of `triton_aot.issue_model` (H200: pipe rates, 132 SMs, 4.8 TB/s) fed with `loop_op_mix`.
 
   Pipes: int = 2 per conversion (prmt, lop3) + permutes + int32 ops; fp16 = 1 per conversion (sub.bf16x2) +
@@ -155,19 +175,34 @@ def predicted(m: int, k: int, n: int, spec: quant.Spec = quant.Int4(), dtype=jnp
   with optimized=True the counts after the CSE and hoisting LLVM does. Either way under the model's own
   assumptions (no latency, perfect overlap). text: the lowered kernel, if already at hand. Returns (mix, model).
   """
-  w = jax.eval_shape(lambda a: linear_layout(quant.quantize(a, spec, axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32))
+  w = jax.eval_shape(
+    lambda a: linear_layout(quant.quantize(a, spec, axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32)
+  )
   p = linear_plan(m, k, n, w, split_k=split_k)
   text = text or lowered_kernel(jax.ShapeDtypeStruct((m, k), dtype), w, split_k=split_k)
   mix = loop_op_mix(text, optimized=optimized)
-  pipes = {"int": 2 * mix["convert"] + mix["permute"] + mix["int32"], "fp16": mix["convert"] + mix["bf16x2"],
-           "fp32": mix["f32"], "conv": 0, "mio": mix["shuffle"] + mix["smem_ld"]}
+  pipes = {
+    "int": 2 * mix["convert"] + mix["permute"] + mix["int32"],
+    "fp16": mix["convert"] + mix["bf16x2"],
+    "fp32": mix["f32"],
+    "conv": 0,
+    "mio": mix["shuffle"] + mix["smem_ld"],
+  }
   total = sum(pipes.values()) + mix["wgmma"]
   # issue_model reads split_k, bk and bn (here the 64 weight rows of a program).
   plan_ = types.SimpleNamespace(split_k=p.split_k, bk=p.bk, bn=WGMMA_M)
   w_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(w))
-  model = triton_aot.issue_model({"pipes": pipes, "total": total}, plan_=plan_, k=k, n=n, m=m,
-                                 programs=(n // WGMMA_M) * (p.m_pad // p.mt) * p.split_k, num_warps=4,
-                                 nbytes=w_bytes + m * k * 2, sm=triton_aot.SMS[90])
+  model = triton_aot.issue_model(
+    {"pipes": pipes, "total": total},
+    plan_=plan_,
+    k=k,
+    n=n,
+    m=m,
+    programs=(n // WGMMA_M) * (p.m_pad // p.mt) * p.split_k,
+    num_warps=4,
+    nbytes=w_bytes + m * k * 2,
+    sm=triton_aot.SMS[90],
+  )
   return mix, model
 
 
@@ -182,23 +217,28 @@ def main(argv=None) -> int:
   ap.add_argument("--m", default="1,16,64")
   ap.add_argument("--formats", default="int4_g128,nvfp4", help=f"subset of {','.join(FORMATS)}")
   a = ap.parse_args(argv)
-  print("| K x N | M | format | split-K | convert | permute | shuffle | int32 (opt) | bf16x2 | smem ld | wgmma "
-        "| int / code (opt) | all / code (opt) | bound (opt) | predicted share of HBM: raw | opt |")
+  print(
+    "| K x N | M | format | split-K | convert | permute | shuffle | int32 (opt) | bf16x2 | smem ld | wgmma "
+    "| int / code (opt) | all / code (opt) | bound (opt) | predicted share of HBM: raw | opt |"
+  )
   print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for shape, m, fmt in itertools.product(a.shapes.split(","), a.m.split(","), a.formats.split(",")):
     k, n = (int(v) for v in shape.lower().split("x"))
     m, spec = int(m), FORMATS[fmt]
-    w = jax.eval_shape(lambda w, spec=spec: linear_layout(quant.quantize(w, spec, axis=-2)),
-                       jax.ShapeDtypeStruct((k, n), jnp.float32))
+    w = jax.eval_shape(
+      lambda w, spec=spec: linear_layout(quant.quantize(w, spec, axis=-2)), jax.ShapeDtypeStruct((k, n), jnp.float32)
+    )
     text = lowered_kernel(jax.ShapeDtypeStruct((m, k), jnp.bfloat16), w)
     mix, raw = predicted(m, k, n, spec, text=text)
     opt_mix, opt = predicted(m, k, n, spec, optimized=True, text=text)
     p = linear_plan(m, k, n, w)
-    print(f"| {k}x{n} | {m} | {fmt} | {p.split_k} | {mix['convert']} | {mix['permute']} | {mix['shuffle']} | "
-          f"{mix['int32']} ({opt_mix['int32']}) | {mix['bf16x2']} | {mix['smem_ld']} | {mix['wgmma']} | "
-          f"{raw.per_weight['int']:.2f} ({opt.per_weight['int']:.2f}) | "
-          f"{raw.per_weight['issue']:.2f} ({opt.per_weight['issue']:.2f}) | {raw.bound} ({opt.bound}) | "
-          f"{raw.hbm_fraction:.0%} | {opt.hbm_fraction:.0%} |")
+    print(
+      f"| {k}x{n} | {m} | {fmt} | {p.split_k} | {mix['convert']} | {mix['permute']} | {mix['shuffle']} | "
+      f"{mix['int32']} ({opt_mix['int32']}) | {mix['bf16x2']} | {mix['smem_ld']} | {mix['wgmma']} | "
+      f"{raw.per_weight['int']:.2f} ({opt.per_weight['int']:.2f}) | "
+      f"{raw.per_weight['issue']:.2f} ({opt.per_weight['issue']:.2f}) | {raw.bound} ({opt.bound}) | "
+      f"{raw.hbm_fraction:.0%} | {opt.hbm_fraction:.0%} |"
+    )
   return 0
 
 

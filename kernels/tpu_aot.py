@@ -20,10 +20,9 @@ import argparse
 import dataclasses
 import time
 
-import numpy as np
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import topologies
 
 from lrl_jax import quant
@@ -36,13 +35,13 @@ __all__ = ["TOPOLOGIES", "TpuReport", "compile_kernel", "topology", "main"]
 TOPOLOGIES = ("v4:2x2x1", "v5e:2x2", "v5p:2x2x1", "v6e:2x2")
 
 FORMATS = {
-    "int4_g128": quant.Int4(group_size=128),
-    "int4_g32": quant.Int4(group_size=32),
-    "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
-    "int4_g32_zp": quant.Int4(group_size=32, scheme="minmax"),
-    "nvfp4": quant.NVFP4(),
-    "fp8_channel": quant.FP8(),
-    "mxfp8": quant.MXFP8(),
+  "int4_g128": quant.Int4(group_size=128),
+  "int4_g32": quant.Int4(group_size=32),
+  "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
+  "int4_g32_zp": quant.Int4(group_size=32, scheme="minmax"),
+  "nvfp4": quant.NVFP4(),
+  "fp8_channel": quant.FP8(),
+  "mxfp8": quant.MXFP8(),
 }
 
 
@@ -76,13 +75,23 @@ def topology(name: str):
     try:
       _TOPOS[name] = topologies.get_topology_desc(topology_name=name, platform="tpu")
     except Exception as e:  # noqa: BLE001 - jax raises several types here
-      raise RuntimeError(f"tpu_aot: cannot describe TPU topology {name!r} ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]}); is libtpu importable? (`make test-aot` installs it)") from e
+      raise RuntimeError(
+        f"tpu_aot: cannot describe TPU topology {name!r} ({type(e).__name__}: "
+        f"{str(e).splitlines()[0][:200]}); is libtpu importable? (`make test-aot` installs it)"
+      ) from e
   return _TOPOS[name]
 
 
-def compile_kernel(spec: quant.Spec, k: int, n: int, m: int, *, topology_name: str = "v5e:2x2",
-                   block: BlockConfig = BlockConfig(), x_dtype=jnp.bfloat16) -> TpuReport:
+def compile_kernel(
+  spec: quant.Spec,
+  k: int,
+  n: int,
+  m: int,
+  *,
+  topology_name: str = "v5e:2x2",
+  block: BlockConfig = BlockConfig(),
+  x_dtype=jnp.bfloat16,
+) -> TpuReport:
   """Compiles `pallas_matmul(x [m, k], spec-quantized [k, n], target="tpu")` for one chip of the topology."""
   topo = topology(topology_name)
   mesh = jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",))
@@ -98,8 +107,17 @@ def compile_kernel(spec: quant.Spec, k: int, n: int, m: int, *, topology_name: s
     ok, err = True, ""
   except Exception as e:  # noqa: BLE001 - the report carries Mosaic's message
     ok, err = False, " ".join(str(e).split())[:400]
-  return TpuReport(name=f"{spec.name}_matmul", topology=topology_name, m=m, k=k, n=n, plan=p, compiled=ok,
-                   error=err, seconds=time.perf_counter() - t0)
+  return TpuReport(
+    name=f"{spec.name}_matmul",
+    topology=topology_name,
+    m=m,
+    k=k,
+    n=n,
+    plan=p,
+    compiled=ok,
+    error=err,
+    seconds=time.perf_counter() - t0,
+  )
 
 
 def main(argv=None) -> int:
@@ -125,8 +143,10 @@ def main(argv=None) -> int:
           r = compile_kernel(FORMATS[f], k, n, m, topology_name=topo)
           failed += not r.compiled
           p = r.plan
-          print(f"| {topo} | {k}x{n} | {m} | {f} | {p.bm}×{p.bn}×{p.bk} | {k // p.bk} | "
-                f"{'yes' if r.compiled else 'NO'} | {r.error[:160]} |")
+          print(
+            f"| {topo} | {k}x{n} | {m} | {f} | {p.bm}×{p.bn}×{p.bk} | {k // p.bk} | "
+            f"{'yes' if r.compiled else 'NO'} | {r.error[:160]} |"
+          )
   return 1 if failed else 0
 
 

@@ -48,8 +48,22 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, plan
 from lrl_jax.kernels.matmul import pallas_matmul
 
-__all__ = ["SM", "SMS", "TritonIR", "CompileReport", "lowered_triton_irs", "triton_ir", "compile_ir", "compile_kernel",
-           "occupancy", "instruction_mix", "issue_model", "IssueModel", "PIPE_RATES", "main"]
+__all__ = [
+  "SM",
+  "SMS",
+  "TritonIR",
+  "CompileReport",
+  "lowered_triton_irs",
+  "triton_ir",
+  "compile_ir",
+  "compile_kernel",
+  "occupancy",
+  "instruction_mix",
+  "issue_model",
+  "IssueModel",
+  "PIPE_RATES",
+  "main",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,9 +96,9 @@ class SM:
 
 
 SMS = {
-    90: SM(arch=90, device="H100/H200 SXM", sms=132),  # clock and HBM: H200 SXM (boost 1.98 GHz, 4.8 TB/s)
-    89: SM(arch=89, device="L40S", sms=142, smem=100 * 1024, smem_block=99 * 1024, warps=48, blocks=24),
-    80: SM(arch=80, device="A100", sms=108, smem=164 * 1024, smem_block=163 * 1024, blocks=32),
+  90: SM(arch=90, device="H100/H200 SXM", sms=132),  # clock and HBM: H200 SXM (boost 1.98 GHz, 4.8 TB/s)
+  89: SM(arch=89, device="L40S", sms=142, smem=100 * 1024, smem_block=99 * 1024, warps=48, blocks=24),
+  80: SM(arch=80, device="A100", sms=108, smem=164 * 1024, smem_block=163 * 1024, blocks=32),
 }
 
 
@@ -143,12 +157,14 @@ class CompileReport:
 
 def _hook():
   try:  # lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11)
-    from jax._src.pallas.triton import pallas_call_registration as reg  # pylint: disable=g-import-not-at-top
+    from jax._src.pallas.triton import pallas_call_registration as reg  # noqa: PLC0415
   except ImportError as e:  # pragma: no cover - depends on the jax version
     raise RuntimeError(f"triton_aot: this jax ({jax.__version__}) has no Pallas Triton backend: {e}") from e
   if not hasattr(getattr(reg, "lowering", None), "lower_jaxpr_to_triton_module"):  # pragma: no cover
-    raise RuntimeError(f"triton_aot: jax {jax.__version__} has no "
-                       "pallas.triton.lowering.lower_jaxpr_to_triton_module to capture the TTIR from")
+    raise RuntimeError(
+      f"triton_aot: jax {jax.__version__} has no "
+      "pallas.triton.lowering.lower_jaxpr_to_triton_module to capture the TTIR from"
+    )
   return reg
 
 
@@ -201,15 +217,19 @@ def triton_ir(x: jax.ShapeDtypeStruct, q, *, block: BlockConfig = BlockConfig())
 
 def _tool(name: str) -> str:
   # Lazy: triton is optional (the `aot` extra).
-  import triton.backends.nvidia as nv  # pylint: disable=g-import-not-at-top
+  import triton.backends.nvidia as nv  # noqa: PLC0415
+
   path = os.path.join(os.path.dirname(nv.__file__), "bin", name)
   if not os.path.exists(path):
     raise RuntimeError(f"triton_aot: {name} not found at {path} (the triton wheel ships it)")
   return path
 
 
-_WIDTH = re.compile(r"^\s*(?:@%p\d+\s+)?(cp\.async\.c[ag]\.shared\.global|ld\.global[\w.]*)\s*\[[^\]]*\],?"
-                    r"\s*(?:\[[^\]]*\],\s*(0x[0-9a-f]+|\d+))?", re.M)
+_WIDTH = re.compile(
+  r"^\s*(?:@%p\d+\s+)?(cp\.async\.c[ag]\.shared\.global|ld\.global[\w.]*)\s*\[[^\]]*\],?"
+  r"\s*(?:\[[^\]]*\],\s*(0x[0-9a-f]+|\d+))?",
+  re.M,
+)
 
 
 def _load_widths(ptx: str) -> dict:
@@ -233,10 +253,10 @@ def occupancy(sm: SM, *, registers: int, shared: int, warps: int) -> tuple[int, 
   """Programs resident per SM and the binding limit (the CUDA occupancy calculator's rules)."""
   per_warp = math.ceil(max(registers, 1) * 32 / sm.reg_unit) * sm.reg_unit
   limits = {
-      "registers": (sm.regs // per_warp) // warps,
-      "shared": sm.smem // (shared + sm.smem_reserved) if shared else sm.blocks,
-      "warps": sm.warps // warps,
-      "blocks": sm.blocks,
+    "registers": (sm.regs // per_warp) // warps,
+    "shared": sm.smem // (shared + sm.smem_reserved) if shared else sm.blocks,
+    "warps": sm.warps // warps,
+    "blocks": sm.blocks,
   }
   if shared > sm.smem_block or registers > sm.max_regs_thread:
     return 0, "shared" if shared > sm.smem_block else "registers"
@@ -252,12 +272,38 @@ def occupancy(sm: SM, *, registers: int, shared: int, warps: int) -> tuple[int, 
 # of shared-memory bandwidth), and issue at one instruction per clock per sub-partition (4 per SM).
 PIPE_RATES = {"int": 2.0, "fp32": 4.0, "fp16": 4.0, "conv": 0.5, "mio": 1.0, "issue": 4.0}
 _PIPES = {
-    "conv": {"I2F", "F2F", "F2I", "F2FP", "I2FP", "FRND", "I2I"},
-    "mio": {"LDS", "STS", "LDSM", "STSM", "SHFL", "ATOMS"},
-    "fp16": {"HADD2", "HMUL2", "HFMA2", "HMNMX2", "HSET2", "HSETP2"},
-    "fp32": {"FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSET", "FSETP", "FCHK"},
-    "int": {"LOP3", "LOP", "PRMT", "SHF", "SHL", "SHR", "IADD3", "IADD", "IMAD", "IMUL", "LEA", "VIADD", "ISETP",
-            "ICMP", "SEL", "IMNMX", "VIMNMX", "SGXT", "IABS", "BMSK", "POPC", "FLO", "BREV", "P2R", "R2P", "PLOP3"},
+  "conv": {"I2F", "F2F", "F2I", "F2FP", "I2FP", "FRND", "I2I"},
+  "mio": {"LDS", "STS", "LDSM", "STSM", "SHFL", "ATOMS"},
+  "fp16": {"HADD2", "HMUL2", "HFMA2", "HMNMX2", "HSET2", "HSETP2"},
+  "fp32": {"FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSET", "FSETP", "FCHK"},
+  "int": {
+    "LOP3",
+    "LOP",
+    "PRMT",
+    "SHF",
+    "SHL",
+    "SHR",
+    "IADD3",
+    "IADD",
+    "IMAD",
+    "IMUL",
+    "LEA",
+    "VIADD",
+    "ISETP",
+    "ICMP",
+    "SEL",
+    "IMNMX",
+    "VIMNMX",
+    "SGXT",
+    "IABS",
+    "BMSK",
+    "POPC",
+    "FLO",
+    "BREV",
+    "P2R",
+    "R2P",
+    "PLOP3",
+  },
 }
 _SASS_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)[^;]*?(0x[0-9a-f]+)?\s*;")
 
@@ -319,8 +365,9 @@ class IssueModel:
     return self.t_hbm_us / max(self.t_hbm_us, self.t_issue_us)
 
 
-def issue_model(mix: dict, *, plan_, k: int, n: int, m: int, programs: int, num_warps: int, nbytes: int,
-                sm: SM) -> IssueModel | None:
+def issue_model(
+  mix: dict, *, plan_, k: int, n: int, m: int, programs: int, num_warps: int, nbytes: int, sm: SM
+) -> IssueModel | None:
   """`IssueModel` of a kernel from its loop `instruction_mix` and its tile plan (None without a loop)."""
   if not mix:
     return None
@@ -332,8 +379,13 @@ def issue_model(mix: dict, *, plan_, k: int, n: int, m: int, programs: int, num_
   t_issue = per_sm * clocks[bound] / (sm.clock_ghz * 1e3)
   weights_per_thread = plan_.bk * plan_.bn / (num_warps * 32)  # logical weight elements per iteration
   per_weight = {p: pipes.get(p, 0) / weights_per_thread for p in ("int", "fp16", "fp32", "conv", "mio", "issue")}
-  return IssueModel(per_weight=per_weight, clocks_per_chunk=clocks, bound=bound, t_issue_us=t_issue,
-                    t_hbm_us=nbytes / (sm.hbm_tbps * 1e6))
+  return IssueModel(
+    per_weight=per_weight,
+    clocks_per_chunk=clocks,
+    bound=bound,
+    t_issue_us=t_issue,
+    t_hbm_us=nbytes / (sm.hbm_tbps * 1e6),
+  )
 
 
 def compile_ir(ir: TritonIR, *, arch: int = 90) -> tuple[dict, str]:
@@ -343,33 +395,41 @@ def compile_ir(ir: TritonIR, *, arch: int = 90) -> tuple[dict, str]:
     triton's CompilationError / RuntimeError when the IR does not compile for that SM.
   """
   # Lazy: triton is optional (the `aot` extra).
-  import triton  # pylint: disable=g-import-not-at-top
-  from triton.backends.compiler import GPUTarget  # pylint: disable=g-import-not-at-top
+  import triton  # noqa: PLC0415
+  from triton.backends.compiler import GPUTarget  # noqa: PLC0415
+
   os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 = its default
   with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, f"{ir.name}.ttir")
     with open(path, "w") as f:
       f.write(ir.ttir)
-    kern = triton.compile(path, target=GPUTarget("cuda", arch, 32),
-                          options=dict(num_warps=ir.num_warps, num_stages=ir.num_stages))
+    kern = triton.compile(
+      path, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=ir.num_warps, num_stages=ir.num_stages)
+    )
     cubin = os.path.join(d, "k.cubin")
     with open(cubin, "wb") as f:
       f.write(kern.asm["cubin"])
-    usage = subprocess.run([_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True,
-                           text=True, check=True).stdout
+    usage = subprocess.run(
+      [_tool("cuobjdump"), "--dump-resource-usage", cubin], capture_output=True, text=True, check=True
+    ).stdout
     sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
   fields = dict(re.findall(r"\b(REG|LOCAL|STACK|SHARED):(\d+)", usage))
   # Spilled registers land in LOCAL or, with ptxas's ABI frame, in STACK (e.g. NVFP4 at bk = 512: REG 32,
   # STACK 6456 B per thread); either is per-thread memory traffic the kernel was not meant to have.
-  res = {"registers": int(fields.get("REG", 0)),
-         "local_bytes": int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0)),
-         "shared_bytes": int(kern.metadata.shared), "num_warps": int(kern.metadata.num_warps),
-         "num_stages": int(kern.metadata.num_stages), "mix": instruction_mix(sass)}
+  res = {
+    "registers": int(fields.get("REG", 0)),
+    "local_bytes": int(fields.get("LOCAL", 0)) + int(fields.get("STACK", 0)),
+    "shared_bytes": int(kern.metadata.shared),
+    "num_warps": int(kern.metadata.num_warps),
+    "num_stages": int(kern.metadata.num_stages),
+    "mix": instruction_mix(sass),
+  }
   return res, kern.asm["ptx"]
 
 
-def compile_kernel(spec: quant.Spec, k: int, n: int, m: int, *, block: BlockConfig = BlockConfig(),
-                   arch: int = 90, x_dtype=jnp.bfloat16) -> CompileReport:
+def compile_kernel(
+  spec: quant.Spec, k: int, n: int, m: int, *, block: BlockConfig = BlockConfig(), arch: int = 90, x_dtype=jnp.bfloat16
+) -> CompileReport:
   """Lowers and compiles the kernel for x [m, k] @ spec-quantized [k, n] on sm_`arch`; see `CompileReport`."""
   if arch not in SMS:
     raise ValueError(f"triton_aot: no SM limits for arch {arch}; known: {sorted(SMS)}")
@@ -383,50 +443,72 @@ def compile_kernel(spec: quant.Spec, k: int, n: int, m: int, *, block: BlockConf
   waves = programs / (per_sm * sm.sms) if per_sm else math.inf
   nbytes = sum(math.prod(a.shape) * jnp.dtype(a.dtype).itemsize for a in jax.tree.leaves(q))  # codes, scales, zp
   nbytes += m * k * jnp.dtype(x_dtype).itemsize  # + the activations
-  model = issue_model(res["mix"], plan_=p, k=k, n=n, m=m, programs=programs, num_warps=res["num_warps"],
-                      nbytes=nbytes, sm=sm)
-  return CompileReport(name=ir.name, arch=arch, m=m, k=k, n=n, plan=p, programs=programs,
-                       mma=_mma(ptx), load_widths=_load_widths(ptx), per_sm=per_sm, limit=limit,
-                       waves=waves, model=model, **res)
+  model = issue_model(
+    res["mix"], plan_=p, k=k, n=n, m=m, programs=programs, num_warps=res["num_warps"], nbytes=nbytes, sm=sm
+  )
+  return CompileReport(
+    name=ir.name,
+    arch=arch,
+    m=m,
+    k=k,
+    n=n,
+    plan=p,
+    programs=programs,
+    mma=_mma(ptx),
+    load_widths=_load_widths(ptx),
+    per_sm=per_sm,
+    limit=limit,
+    waves=waves,
+    model=model,
+    **res,
+  )
 
 
 FORMATS = {
-    "int4_g128": quant.Int4(group_size=128),
-    "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
-    "nvfp4": quant.NVFP4(),
-    "fp8_channel": quant.FP8(),
-    "fp8_block": quant.FP8(granularity="block"),
-    "mxfp8": quant.MXFP8(),
+  "int4_g128": quant.Int4(group_size=128),
+  "int4_g128_zp": quant.Int4(group_size=128, scheme="minmax"),
+  "nvfp4": quant.NVFP4(),
+  "fp8_channel": quant.FP8(),
+  "fp8_block": quant.FP8(granularity="block"),
+  "mxfp8": quant.MXFP8(),
 }
 
 
 def format_table(reports: list[tuple[str, CompileReport]]) -> str:
-  head = ("| K x N | M | format | bm×bn×bk | split-K | warps | programs | regs | spill B | smem KiB | per SM (limit) "
-          "| waves | loads B:count | MMA |")
+  head = (
+    "| K x N | M | format | bm×bn×bk | split-K | warps | programs | regs | spill B | smem KiB | per SM (limit) "
+    "| waves | loads B:count | MMA |"
+  )
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for fmt, r in reports:
     p = r.plan
     loads = " ".join(f"{b}:{c}" for b, c in r.load_widths.items())
     mma = r.mma.replace("mma.sync.aligned.", "").replace("wgmma.mma_async.sync.aligned.", "wgmma.")
-    lines.append(f"| {r.k}x{r.n} | {r.m} | {fmt} | {p.bm}×{p.bn}×{p.bk} | {p.split_k} | {r.num_warps} | {r.programs} | "
-                 f"{r.registers} | {r.local_bytes} | {r.shared_bytes / 1024:.1f} | {r.per_sm} ({r.limit}) | "
-                 f"{r.waves:.2f} | {loads} | {mma} |")
+    lines.append(
+      f"| {r.k}x{r.n} | {r.m} | {fmt} | {p.bm}×{p.bn}×{p.bk} | {p.split_k} | {r.num_warps} | {r.programs} | "
+      f"{r.registers} | {r.local_bytes} | {r.shared_bytes / 1024:.1f} | {r.per_sm} ({r.limit}) | "
+      f"{r.waves:.2f} | {loads} | {mma} |"
+    )
   return "\n".join(lines)
 
 
 def format_model_table(reports: list[tuple[str, CompileReport]]) -> str:
   """The static roofline (`IssueModel`) of each report: per-weight instructions, the binding pipe, two times."""
-  head = ("| K x N | M | format | int / w | shared-mem / w | convert / w | fp16 / w | all / w | bound by "
-          "| issue-bound us | HBM us | HBM share |")
+  head = (
+    "| K x N | M | format | int / w | shared-mem / w | convert / w | fp16 / w | all / w | bound by "
+    "| issue-bound us | HBM us | HBM share |"
+  )
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for fmt, r in reports:
     md = r.model
     if md is None:
       continue
     w = md.per_weight
-    lines.append(f"| {r.k}x{r.n} | {r.m} | {fmt} | {w['int']:.2f} | {w['mio']:.2f} | {w['conv']:.2f} | {w['fp16']:.2f} "
-                 f"| {w['issue']:.2f} | {md.bound} | {md.t_issue_us:.1f} | {md.t_hbm_us:.1f} | "
-                 f"{100 * md.hbm_fraction:.0f} % |")
+    lines.append(
+      f"| {r.k}x{r.n} | {r.m} | {fmt} | {w['int']:.2f} | {w['mio']:.2f} | {w['conv']:.2f} | {w['fp16']:.2f} "
+      f"| {w['issue']:.2f} | {md.bound} | {md.t_issue_us:.1f} | {md.t_hbm_us:.1f} | "
+      f"{100 * md.hbm_fraction:.0f} % |"
+    )
   return "\n".join(lines)
 
 
@@ -449,12 +531,15 @@ def main(argv=None) -> int:
   if a.arch not in SMS:
     ap.error(f"--arch {a.arch}: known {sorted(SMS)}")
   # Lazy: triton is optional (the `aot` extra).
-  import triton  # pylint: disable=g-import-not-at-top
+  import triton  # noqa: PLC0415
+
   block = BlockConfig(bn=a.bn, bk=a.bk, split_k=a.split_k, num_warps=a.num_warps, num_stages=a.num_stages)
   sm = SMS[a.arch]
   print(f"# lrl_jax Triton AOT compile — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-  print(f"# sm_{a.arch} ({sm.device}, {sm.sms} SMs), triton {triton.__version__}, jax {jax.__version__}; "
-        f"bf16 activations; {block}")
+  print(
+    f"# sm_{a.arch} ({sm.device}, {sm.sms} SMs), triton {triton.__version__}, jax {jax.__version__}; "
+    f"bf16 activations; {block}"
+  )
   reports, failed = [], []
   for shape in a.shapes.split(","):
     k, n = (int(v) for v in shape.lower().split("x"))
@@ -465,9 +550,11 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a row per failure, the table goes on
           failed.append(f"{f} {k}x{n} M={m}: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]}")
   print(format_table(reports))
-  print(f"\n# Static roofline of the main loop (IssueModel; {sm.clock_ghz} GHz, {sm.hbm_tbps} TB/s, per-SM pipe "
-        f"rates {PIPE_RATES} warp-instructions / clock): instructions per thread per weight, and the loop's issue-bound "
-        "time beside HBM's time for the bytes. A lower bound from static counts, not a measurement.")
+  print(
+    f"\n# Static roofline of the main loop (IssueModel; {sm.clock_ghz} GHz, {sm.hbm_tbps} TB/s, per-SM pipe "
+    f"rates {PIPE_RATES} warp-instructions / clock): instructions per thread per weight, and the loop's issue-bound "
+    "time beside HBM's time for the bytes. A lower bound from static counts, not a measurement."
+  )
   print(format_model_table(reports))
   for line in failed:
     print("FAILED", line)

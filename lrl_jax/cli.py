@@ -1,4 +1,9 @@
-"""The `lrl-jax` command."""
+"""The `lrl-jax` command.
+
+Each subcommand imports what it runs when it runs (the function-level imports below): `lrl-jax --help` and
+`lrl-jax numerics` do not pay for the RL stack (orbax, the learner, the sampler), nor the RL commands for the
+kernel benchmark.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,17 @@ __all__ = ["main"]
 
 
 def _numerics(args) -> int:
-  import jax
-  import numpy as np
+  import jax  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
 
-  from lrl_jax.quant import report
+  from lrl_jax.quant import report  # noqa: PLC0415
 
   k, n = args.shape
-  print(f"lrl_jax numerics demo: every format on a {k}x{n} N(0,1) weight matrix "
-        f"(backend: {jax.default_backend()}, {jax.device_count()} device(s))", flush=True)
+  print(
+    f"lrl_jax numerics demo: every format on a {k}x{n} N(0,1) weight matrix "
+    f"(backend: {jax.default_backend()}, {jax.device_count()} device(s))",
+    flush=True,
+  )
   w = np.random.default_rng(args.seed).standard_normal((k, n)).astype(np.float32)
   rows = report.error_table(w, repeats=args.repeats)
   print(report.format_table(rows, f"quantize along K (axis 0), {k}x{n}, seed {args.seed}"))
@@ -31,7 +39,7 @@ def _numerics(args) -> int:
 def _bench(args, rest) -> int:
   if args.what != "kernels":
     raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels")
-  from lrl_jax.kernels import bench
+  from lrl_jax.kernels import bench  # noqa: PLC0415
 
   return bench.main(rest) or 0
 
@@ -45,12 +53,14 @@ def main(argv: list[str] | None = None) -> int:
   if argv and argv[0] == "demo":  # the README's main job: the embedded quickstart RL run
     argv = ["train", str(QUICKSTART), *argv[1:]]
   if argv and argv[0] in _RL_COMMANDS:  # `lrl-jax train configs/x.yaml [key=value ...]` and friends
-    from lrl_jax.rl import cli as rl_cli
+    from lrl_jax.rl import cli as rl_cli  # noqa: PLC0415
 
     return getattr(rl_cli, _RL_COMMANDS[argv[0]])(argv[1:]) or 0
   parser = argparse.ArgumentParser(
-      prog="lrl-jax", description="Low-precision RL for LLMs in JAX.",
-      epilog="RL commands: lrl-jax train CONFIG [key=value ...] [--resume] | eval ... | export ... (each has --help)")
+    prog="lrl-jax",
+    description="Low-precision RL for LLMs in JAX.",
+    epilog="RL commands: lrl-jax train CONFIG [key=value ...] [--resume] | eval ... | export ... (each has --help)",
+  )
   sub = parser.add_subparsers(dest="command", required=True)
   sub.add_parser("demo", help="the README's main job: `lrl-jax train configs/quickstart.yaml`")
   p = sub.add_parser("numerics", help="error table of every quantization format")

@@ -40,8 +40,19 @@ from lrl_jax.sampler import SamplingConfig
 from lrl_jax.schema import ConfigError, Schema, check_regex, merge_overrides, suggest
 from lrl_jax.schema import describe as _describe
 
-__all__ = ["ConfigError", "Config", "ModelSection", "QuantSection", "SamplerSection", "TaskSection", "RunSection",
-           "SECTIONS", "load_config", "apply_overrides", "describe"]
+__all__ = [
+  "ConfigError",
+  "Config",
+  "ModelSection",
+  "QuantSection",
+  "SamplerSection",
+  "TaskSection",
+  "RunSection",
+  "SECTIONS",
+  "load_config",
+  "apply_overrides",
+  "describe",
+]
 
 _DTYPE = Literal["float32", "bfloat16"]
 
@@ -71,8 +82,11 @@ class ModelSection(Schema):
     for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
       self._check(getattr(self, name) > 0, name, "must be > 0")
     self._check(self.hidden_size % self.num_heads == 0, "num_heads", f"must divide hidden_size={self.hidden_size}")
-    self._check((self.hidden_size // self.num_heads) % 2 == 0, "num_heads",
-                f"must leave an even head_dim (hidden_size / num_heads) for RoPE; hidden_size={self.hidden_size}")
+    self._check(
+      (self.hidden_size // self.num_heads) % 2 == 0,
+      "num_heads",
+      f"must leave an even head_dim (hidden_size / num_heads) for RoPE; hidden_size={self.hidden_size}",
+    )
     self._check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", f"must divide num_heads={self.num_heads}")
     self._check(self.rope_theta > 0, "rope_theta", "must be > 0")
     self._check(self.init_std > 0, "init_std", "must be > 0")
@@ -86,10 +100,19 @@ class ModelSection(Schema):
     the compute dtype of the side that runs it: learner.compute_dtype or sampler.dtype)."""
     if self.source != "tiny":
       raise ConfigError(f"model.source={self.source!r}: only the tiny model is built from these sizes")
-    return models.ModelConfig(arch=self.arch, vocab_size=vocab_size, hidden_size=self.hidden_size,
-                       intermediate_size=self.intermediate_size, num_layers=self.num_layers,
-                       num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, rope_theta=self.rope_theta,
-                       tie_word_embeddings=self.tie_word_embeddings, dtype=dtype, param_dtype=self.dtype)
+    return models.ModelConfig(
+      arch=self.arch,
+      vocab_size=vocab_size,
+      hidden_size=self.hidden_size,
+      intermediate_size=self.intermediate_size,
+      num_layers=self.num_layers,
+      num_heads=self.num_heads,
+      num_kv_heads=self.num_kv_heads,
+      rope_theta=self.rope_theta,
+      tie_word_embeddings=self.tie_word_embeddings,
+      dtype=dtype,
+      param_dtype=self.dtype,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,38 +121,50 @@ class QuantSection(Schema):
 
   section: ClassVar[str] = "quant"
 
-  learner: Literal["none", "int4", "fp8", "nvfp4", "mxfp8"] = "none"  # QAT format of the learner's forward; none = plain
-  sampler: Literal["bf16", "int4", "fp8", "nvfp4", "mxfp8"] = "bf16"  # served weights: bf16 = cast to bfloat16, else real codes
+  learner: Literal["none", "int4", "fp8", "nvfp4", "mxfp8"] = "none"  # the learner's QAT format; none = plain
+  sampler: Literal["bf16", "int4", "fp8", "nvfp4", "mxfp8"] = "bf16"  # served weights: bf16 = a bf16 cast, else codes
   group_size: int = 128  # INT4 group size along K: 16, 32, 64, 128 or 256
-  int4_scheme: Literal["absmax", "minmax", "learned"] = "absmax"  # INT4 scales: absmax/7 (symmetric), (max−min)/15 with a zero point, or learned (LSQ)
+  int4_scheme: Literal["absmax", "minmax", "learned"] = "absmax"  # INT4 scales: absmax/7, (max−min)/15 + zero, LSQ
   int4_zero_point: bool = False  # int4_scheme=learned: learn a zero point per group too (LSQ+)
   fp8_granularity: Literal["channel", "block"] = "channel"  # FP8 weight scale per output channel or per fp8_block² tile
   fp8_block: int = 128  # FP8 tile edge when fp8_granularity is block
   act: Literal["none", "fp8"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token dynamic E4M3
-  targets: str = quant.DEFAULT_TARGETS  # regex on '/'-joined parameter paths of the quantized layers (learner and sampler)
+  targets: str = quant.DEFAULT_TARGETS  # regex on the '/'-joined paths of the quantized kernels (learner and sampler)
 
   def _validate(self):
     self._check(self.group_size in (16, 32, 64, 128, 256), "group_size", "must be one of 16, 32, 64, 128, 256")
-    self._check(self.int4_scheme in ("absmax", "minmax", "learned"), "int4_scheme",
-                "must be absmax, minmax or learned")
-    self._check(not self.int4_zero_point or self.int4_scheme == "learned", "int4_zero_point",
-                "needs int4_scheme=learned (minmax always has a zero point)")
-    self._check(self.int4_scheme != "learned" or self.learner == "int4", "int4_scheme",
-                "learned scales are trained by the learner's QAT: needs quant.learner=int4")
+    self._check(self.int4_scheme in ("absmax", "minmax", "learned"), "int4_scheme", "must be absmax, minmax or learned")
+    self._check(
+      not self.int4_zero_point or self.int4_scheme == "learned",
+      "int4_zero_point",
+      "needs int4_scheme=learned (minmax always has a zero point)",
+    )
+    self._check(
+      self.int4_scheme != "learned" or self.learner == "int4",
+      "int4_scheme",
+      "learned scales are trained by the learner's QAT: needs quant.learner=int4",
+    )
     self._check(self.fp8_block > 0, "fp8_block", "must be > 0")
-    self._check(self.learner in ("none", self.sampler), "learner",
-                f"needs quant.sampler={self.learner!r} (QAT trains for the format the sampler serves); "
-                f"got quant.sampler={self.sampler!r}")
+    self._check(
+      self.learner in ("none", self.sampler),
+      "learner",
+      f"needs quant.sampler={self.learner!r} (QAT trains for the format the sampler serves); "
+      f"got quant.sampler={self.sampler!r}",
+    )
     check_regex(self, "targets")
 
   def spec(self, fmt: str):
     """The `lrl_jax.quant` spec of a format name of this section ("none" and "bf16" -> None)."""
     if fmt in ("none", "bf16"):
       return None
-    return {"int4": lambda: quant.Int4(group_size=self.group_size, scheme=self.int4_scheme,
-                                       learn_zero_point=self.int4_zero_point),
-            "fp8": lambda: quant.FP8(granularity=self.fp8_granularity, block=self.fp8_block),
-            "nvfp4": quant.NVFP4, "mxfp8": quant.MXFP8}[fmt]()
+    return {
+      "int4": lambda: quant.Int4(
+        group_size=self.group_size, scheme=self.int4_scheme, learn_zero_point=self.int4_zero_point
+      ),
+      "fp8": lambda: quant.FP8(granularity=self.fp8_granularity, block=self.fp8_block),
+      "nvfp4": quant.NVFP4,
+      "mxfp8": quant.MXFP8,
+    }[fmt]()
 
   @property
   def learner_spec(self):
@@ -153,8 +188,12 @@ class QuantSection(Schema):
   @property
   def block(self) -> int | None:
     """Elements per scale along K of the served format (None for bf16 and per-channel FP8)."""
-    return {"int4": self.group_size, "nvfp4": 16, "mxfp8": 32,
-            "fp8": self.fp8_block if self.fp8_granularity == "block" else None}.get(self.sampler)
+    return {
+      "int4": self.group_size,
+      "nvfp4": 16,
+      "mxfp8": 32,
+      "fp8": self.fp8_block if self.fp8_granularity == "block" else None,
+    }.get(self.sampler)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -182,9 +221,14 @@ class SamplerSection(Schema):
 
   def sampling(self, *, eos_id, pad_id: int, evaluation: bool = False):
     """The `lrl_jax.sampler.SamplingConfig` of rollouts (or of evaluation: `eval_temperature`)."""
-    return SamplingConfig(max_new_tokens=self.max_new_tokens,
-                          temperature=self.eval_temperature if evaluation else self.temperature,
-                          top_k=self.top_k, top_p=self.top_p, eos_id=eos_id, pad_id=pad_id)
+    return SamplingConfig(
+      max_new_tokens=self.max_new_tokens,
+      temperature=self.eval_temperature if evaluation else self.temperature,
+      top_k=self.top_k,
+      top_p=self.top_p,
+      eos_id=eos_id,
+      pad_id=pad_id,
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -250,8 +294,11 @@ class RunSection(Schema):
 
 def _learner_given(quant_s: QuantSection, run: RunSection, learner: Mapping[str, Any] | LearnerConfig) -> dict:
   """The `set_by` fields of the learner: QAT spec and targets from `quant`, the cosine length from `run`."""
-  get = (lambda k: getattr(learner, k)) if isinstance(learner, LearnerConfig) else \
-      (lambda k: learner.get(k, getattr(LearnerConfig, k)))
+  get = (
+    (lambda k: getattr(learner, k))
+    if isinstance(learner, LearnerConfig)
+    else (lambda k: learner.get(k, getattr(LearnerConfig, k)))
+  )
   total = None
   try:
     if get("schedule") == "cosine":
@@ -281,24 +328,32 @@ class Config:
       object.__setattr__(self, "learner", self.learner.replace(**given))
     m, q, s, lrn, t, r = self.model, self.quant, self.sampler, self.learner, self.task, self.run
     if lrn.policy_loss in ("grpo", "gspo") and s.group_size < 2:
-      raise ConfigError(f"sampler.group_size={s.group_size} must be >= 2 for learner.policy_loss={lrn.policy_loss} "
-                        "(group advantages compare completions of one prompt)")
+      raise ConfigError(
+        f"sampler.group_size={s.group_size} must be >= 2 for learner.policy_loss={lrn.policy_loss} "
+        "(group advantages compare completions of one prompt)"
+      )
     rollouts, split = r.batch_prompts * s.group_size, lrn.minibatches * lrn.micro_batches
     if rollouts % split:
-      raise ConfigError(f"run.batch_prompts × sampler.group_size = {rollouts} completions must divide into "
-                        f"learner.minibatches × learner.micro_batches = {split} equal parts")
+      raise ConfigError(
+        f"run.batch_prompts × sampler.group_size = {rollouts} completions must divide into "
+        f"learner.minibatches × learner.micro_batches = {split} equal parts"
+      )
     if m.source == "tiny":
       if t.template != "none" or t.name != "arithmetic":
-        raise ConfigError(f"model.source=tiny uses the arithmetic character tokenizer: it needs task.name=arithmetic "
-                          f"and task.template=none; got task.name={t.name}, task.template={t.template}")
+        raise ConfigError(
+          f"model.source=tiny uses the arithmetic character tokenizer: it needs task.name=arithmetic "
+          f"and task.template=none; got task.name={t.name}, task.template={t.template}"
+        )
       block = q.block
       dims = {"model.hidden_size": m.hidden_size, "model.intermediate_size": m.intermediate_size}
       if q.sampler == "fp8" and block is not None:
         dims["model.num_kv_heads × head_dim"] = m.num_kv_heads * m.head_dim
       for name, d in dims.items():
         if block is not None and d % block:
-          raise ConfigError(f"{name}={d} is not a multiple of the {q.sampler} block {block} (quant.sampler); "
-                            "choose sizes the format's blocks divide, or a smaller quant.group_size / quant.fp8_block")
+          raise ConfigError(
+            f"{name}={d} is not a multiple of the {q.sampler} block {block} (quant.sampler); "
+            "choose sizes the format's blocks divide, or a smaller quant.group_size / quant.fp8_block"
+          )
 
   def to_dict(self) -> dict[str, dict[str, Any]]:
     """{section: {key: value}} of every YAML key (nested sections as mappings, tuples as lists)."""
@@ -306,8 +361,9 @@ class Config:
 
   def dump_yaml(self, path=None) -> str:
     """The resolved config as YAML (written to `path` when given); `load_config` reads it back equal."""
-    text = "# lrl_jax resolved config (every value; load with lrl_jax.config.load_config)\n" + \
-        yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+    text = "# lrl_jax resolved config (every value; load with lrl_jax.config.load_config)\n" + yaml.safe_dump(
+      self.to_dict(), sort_keys=False, allow_unicode=True
+    )
     if path is not None:
       Path(path).write_text(text, encoding="utf-8")
     return text
@@ -316,26 +372,35 @@ class Config:
   def from_dict(cls, data: Mapping[str, Any], *, source: str = "config") -> "Config":
     """Builds a Config from {section: {key: value}}; missing sections and keys keep their defaults."""
     if not isinstance(data, Mapping):
-      raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}); "
-                        f"got {type(data).__name__}")
+      raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}); got {type(data).__name__}")
     for name, values in data.items():
       if name not in SECTIONS:
-        raise ConfigError(f"{source}: unknown section {name!r}{suggest(name, list(SECTIONS))}; valid sections: {', '.join(SECTIONS)}")
+        raise ConfigError(
+          f"{source}: unknown section {name!r}{suggest(name, list(SECTIONS))}; valid sections: {', '.join(SECTIONS)}"
+        )
       if values is not None and not isinstance(values, Mapping):
-        raise ConfigError(f"{source}: section {name!r} must be a mapping of keys to values; "
-                          f"got {type(values).__name__}")
+        raise ConfigError(
+          f"{source}: section {name!r} must be a mapping of keys to values; got {type(values).__name__}"
+        )
     values = {name: dict(data.get(name) or {}) for name in SECTIONS}
     try:
       built = {name: SECTIONS[name].from_mapping(values[name]) for name in SECTIONS if name != "learner"}
       built["learner"] = LearnerConfig.from_mapping(
-          values["learner"], **_learner_given(built["quant"], built["run"], values["learner"]))
+        values["learner"], **_learner_given(built["quant"], built["run"], values["learner"])
+      )
       return cls(**built)
     except ConfigError as e:
       raise ConfigError(f"{source}: {e}") from None
 
 
-SECTIONS: dict[str, type[Schema]] = {"model": ModelSection, "quant": QuantSection, "sampler": SamplerSection,
-                                     "learner": LearnerConfig, "task": TaskSection, "run": RunSection}
+SECTIONS: dict[str, type[Schema]] = {
+  "model": ModelSection,
+  "quant": QuantSection,
+  "sampler": SamplerSection,
+  "learner": LearnerConfig,
+  "task": TaskSection,
+  "run": RunSection,
+}
 
 
 def load_config(path=None, overrides: Sequence[str] = ()) -> Config:

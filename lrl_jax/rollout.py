@@ -78,8 +78,9 @@ class Rollout:
     if self.rewards is not None and tuple(jnp.shape(self.rewards)) != bt[:1]:
       raise ValueError(f"Rollout.rewards must be [B] = {bt[:1]}; got {tuple(jnp.shape(self.rewards))}")
     if self.advantages is not None and tuple(jnp.shape(self.advantages)) not in (bt[:1], bt):
-      raise ValueError(f"Rollout.advantages must be [B] or [B, T] with [B, T] = {bt}; "
-                       f"got {tuple(jnp.shape(self.advantages))}")
+      raise ValueError(
+        f"Rollout.advantages must be [B] or [B, T] with [B, T] = {bt}; got {tuple(jnp.shape(self.advantages))}"
+      )
     if self.group_size < 1 or bt[0] % self.group_size:
       raise ValueError(f"Rollout.group_size={self.group_size} must divide the batch B={bt[0]}")
 

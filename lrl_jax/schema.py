@@ -210,8 +210,9 @@ class Schema:
       if k in owners:
         raise ConfigError(f"'{cls.section}.{k}' is not a config key: it is set by {owners[k]}")
       if k not in keys:
-        raise ConfigError(f"unknown key '{cls.section}.{k}'{suggest(str(k), keys)}; valid keys in {cls.section}: "
-                          f"{', '.join(keys)}")
+        raise ConfigError(
+          f"unknown key '{cls.section}.{k}'{suggest(str(k), keys)}; valid keys in {cls.section}: {', '.join(keys)}"
+        )
     return cls(**data, **given)
 
   def to_dict(self) -> dict[str, Any]:
@@ -247,8 +248,10 @@ def parse_override(item: str, sections: Mapping[str, type[Schema]]) -> tuple[tup
   if len(path) < 2 or not all(path):
     raise ConfigError(f"override key {key!r} must be section.key; valid sections: {', '.join(sections)}")
   if path[0] not in sections:
-    raise ConfigError(f"unknown section {path[0]!r} in override {item!r}{suggest(path[0], sections)}; "
-                      f"valid sections: {', '.join(sections)}")
+    raise ConfigError(
+      f"unknown section {path[0]!r} in override {item!r}{suggest(path[0], sections)}; "
+      f"valid sections: {', '.join(sections)}"
+    )
   cls: type[Schema] = sections[path[0]]
   for i, name in enumerate(path[1:], start=1):
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -257,8 +260,7 @@ def parse_override(item: str, sections: Mapping[str, type[Schema]]) -> tuple[tup
       raise ConfigError(f"'{where}.{name}' is not a config key: it is set by {_owner(fields[name])}")
     if name not in fields:
       keys = cls.keys()
-      raise ConfigError(f"unknown key '{where}.{name}'{suggest(name, keys)}; valid keys in {where}: "
-                        f"{', '.join(keys)}")
+      raise ConfigError(f"unknown key '{where}.{name}'{suggest(name, keys)}; valid keys in {where}: {', '.join(keys)}")
     hint = _hints(cls)[name]
     if i < len(path) - 1:
       if _schema_of(hint) is None:
@@ -272,17 +274,21 @@ def parse_override(item: str, sections: Mapping[str, type[Schema]]) -> tuple[tup
   if sub is not None:
     if value is None and not _is_schema(hint):  # an optional section may be switched off
       return path, None
-    raise ConfigError(f"override key {key!r} is a section; set one of its keys ({key}.{sub.keys()[0]}=...)"
-                      + ("" if _is_schema(hint) else f" or switch it off with {key}=null"))
+    raise ConfigError(
+      f"override key {key!r} is a section; set one of its keys ({key}.{sub.keys()[0]}=...)"
+      + ("" if _is_schema(hint) else f" or switch it off with {key}=null")
+    )
   # A text field takes the text as written ("task.user_template=12" is "12"; "null" is still null).
-  if _is_text(hint) and not isinstance(value, str) and not (value is None and raw.strip() in
-                                                             ("null", "~", "Null", "NULL")):
+  if (
+    _is_text(hint)
+    and not isinstance(value, str)
+    and not (value is None and raw.strip() in ("null", "~", "Null", "NULL"))
+  ):
     value = raw
   return path, value
 
 
-def merge_overrides(data: Mapping[str, Any], overrides: Sequence[str],
-                    sections: Mapping[str, type[Schema]]) -> dict:
+def merge_overrides(data: Mapping[str, Any], overrides: Sequence[str], sections: Mapping[str, type[Schema]]) -> dict:
   """`data` ({section: {key: value}}, nested) with the overrides applied in order (later ones win)."""
 
   def copy(d):

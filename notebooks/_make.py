@@ -50,7 +50,7 @@ look at the error: its histogram, the per-layer relative error, and the storage 
 MLP `down_proj` [30, 1536, 576]); `LRL_NB_SMALL=1` uses a few random heavy-tailed (Student-t, ν=4)
 matrices instead."""),
   code(SETUP),
-  code('''\
+  code("""\
 from lrl_jax import models, quant
 
 if SMALL:
@@ -62,8 +62,8 @@ else:
   W = np.asarray(params["layers"]["mlp"]["down_proj"]["kernel"], np.float32)  # [30, 1536, 576]
   source = "SmolLM2-135M-Instruct mlp/down_proj"
 L, K, N = W.shape
-print(source, W.shape)'''),
-  code('''\
+print(source, W.shape)"""),
+  code("""\
 # FP8 block scales need K and N divisible by the block: SmolLM2's N = 576 is not a multiple of 128 -> use 64.
 fp8_block = 128 if (K % 128 == 0 and N % 128 == 0) else 64
 SPECS = {
@@ -86,9 +86,9 @@ for name, spec in SPECS.items():
   rel = np.linalg.norm(err.reshape(L, -1), axis=1) / np.linalg.norm(W.reshape(L, -1).astype(np.float64), axis=1)
   results[name] = dict(q=q, err=err, rel=rel, bpw=q.bits_per_weight)
   print(f"{name:12s} bits/weight {q.bits_per_weight:6.3f}   mean rel. error {rel.mean():.4f}   "
-        "fake_quant == dequantize(quantize): OK")'''),
+        "fake_quant == dequantize(quantize): OK")"""),
   md("## Error histogram (ŵ − w), all layers"),
-  code('''\
+  code("""\
 fig, axes = plt.subplots(2, 3, figsize=(13, 6.5), sharey=True)
 for ax, (name, r) in zip(axes.ravel(), results.items()):
   e = r["err"].ravel()
@@ -99,9 +99,9 @@ for ax, (name, r) in zip(axes.ravel(), results.items()):
   ax.set_xlabel("ŵ − w")
 fig.suptitle(f"Quantization error — {source}")
 fig.tight_layout()
-show(fig)'''),
+show(fig)"""),
   md("## Relative error ‖ŵ − w‖ / ‖w‖ per layer"),
-  code('''\
+  code("""\
 fig, ax = plt.subplots(figsize=(9, 4))
 for name, r in results.items():
   ax.plot(np.arange(L), r["rel"], marker="o", ms=3, label=f"{name} ({r['bpw']:.2f} b/w)")
@@ -110,9 +110,9 @@ ax.set_xlabel("layer")
 ax.set_ylabel("relative Frobenius error")
 ax.set_title(source)
 ax.legend(fontsize=8, ncol=2)
-show(fig)'''),
+show(fig)"""),
   md("## Storage cost vs error"),
-  code('''\
+  code("""\
 fig, ax = plt.subplots(figsize=(6, 4))
 for name, r in results.items():
   ax.scatter(r["bpw"], r["rel"].mean())
@@ -124,7 +124,7 @@ ax.set_yscale("log")
 ax.legend()
 show(fig)
 for name, r in results.items():
-  assert r["rel"].max() < 0.25, (name, r["rel"].max())  # sanity: every format keeps the matrix recognisable'''),
+  assert r["rel"].max() < 0.25, (name, r["rel"].max())  # sanity: every format keeps the matrix recognisable"""),
 ]
 
 RL_RUN = [
@@ -136,7 +136,7 @@ weights in the sampler). Then reward, accuracy and the learner–sampler mismatc
 `metrics.jsonl`. `LRL_NB_SMALL=1` shortens the run: 1-digit sums, a 150-step warm-up on batches of 32 (the
 2-digit task needs the full 500 x 128 to leave its near-zero accuracy), then 10 RL steps with smaller batches."""),
   code(SETUP),
-  code('''\
+  code("""\
 import json, tempfile
 from pathlib import Path
 from lrl_jax import config, rl
@@ -149,13 +149,14 @@ else:
   overrides = []  # the quickstart as configured: 500 warm-up steps, 200 GRPO steps
 cfg = config.load_config("configs/quickstart.yaml", overrides + [f"run.out_dir={out_dir}"])
 result = rl.train(cfg, progress=False, export=False)
-print(f"{result.steps} RL steps in {result.wall_s:.0f} s; accuracy {result.accuracy_before} -> {result.accuracy_after}; "
+print(f"{result.steps} RL steps in {result.wall_s:.0f} s; "
+      f"accuracy {result.accuracy_before} -> {result.accuracy_after}; "
       f"reward {result.reward_first:.3f} -> {result.reward_last:.3f}; mean |π−μ| {result.mismatch_mean:.2e}")
-assert result.steps == cfg.run.steps and result.skipped_steps == 0'''),
-  code('''\
+assert result.steps == cfg.run.steps and result.skipped_steps == 0"""),
+  code("""\
 metrics_path = Path(result.paths.get("metrics", out_dir / "metrics.jsonl"))
 records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-print(len(records), "records; keys of the last:", sorted(records[-1]))'''),
+print(len(records), "records; keys of the last:", sorted(records[-1]))"""),
   code('''\
 def series(phase, key):
   """(steps, values) of metric `key` in the records of `phase` ("sft", "rl" or "eval")."""
@@ -194,7 +195,7 @@ bf16 bytes / low-bit bytes (the dashed roofline). On CPU only the XLA dequantize
 (Pallas would run in interpret mode) and the roofline shown is an H200's (4.8 TB/s HBM), labelled as such.
 `LRL_NB_SMALL=1` runs one small shape with few iterations."""),
   code(SETUP),
-  code('''\
+  code("""\
 from lrl_jax.kernels import bench
 
 if SMALL:
@@ -202,8 +203,8 @@ if SMALL:
 else:
   shapes, ms, iters, warmup = ((4096, 4096),), bench.M_ALL, 10, 2
 rows = bench.run(shapes=shapes, ms=ms, iters=iters, warmup=warmup)
-print(bench.format_table(rows))'''),
-  code('''\
+print(bench.format_table(rows))"""),
+  code("""\
 dev = jax.devices()[0]
 kind = getattr(dev, "device_kind", str(dev))
 HBM = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}  # bytes/s, vendor datasheets
@@ -251,7 +252,7 @@ ax2.set_ylabel("µs per matmul")
 ax2.set_title(f"dotted: roofline time, max(bytes / BW, flops / peak) — {bw_label}", fontsize=8)
 ax2.legend(fontsize=7)
 fig.tight_layout()
-show(fig)'''),
+show(fig)"""),
 ]
 
 MISMATCH = [
@@ -261,7 +262,8 @@ Generate with the same weights served four ways (bf16, INT4, FP8 per-channel, NV
 `sampler.serve_params` + `sampler.generate`, sampled at temperature 1, μ = the sampler's own token
 probabilities), then recompute π for the same tokens with a learner forward (`models.forward`, no KV
 cache): once with the plain bf16 learner, once with a QAT learner that fake-quantizes its weights to
-the served format (`numerics=Numerics(qat_rules=QuantRules.default(spec))`). The per-token |π − μ| distributions show how
+the served format (`numerics=Numerics(qat_rules=QuantRules.default(spec))`). The per-token |π − μ|
+distributions show how
 much of the mismatch QAT removes. Then the importance weights that correct for it (TIS, MIS, ACRL) on the
 same rollouts. Full mode: SmolLM2-135M-Instruct; `LRL_NB_SMALL=1`: the tiny quickstart-shaped model
 (random init, random prompts)."""),
@@ -316,13 +318,14 @@ for name, spec in FORMATS.items():
   pi_qat = pi_bf16 if rules is None else learner_logprobs(r, rules)
   m = np.asarray(r.loss_mask)
   mu = np.asarray(r.sampler_logp)
-  d = {k: np.abs(np.exp(np.asarray(v)) - np.exp(mu))[m] for k, v in (("bf16 learner", pi_bf16), ("QAT learner", pi_qat))}
+  pis = (("bf16 learner", pi_bf16), ("QAT learner", pi_qat))
+  d = {k: np.abs(np.exp(np.asarray(v)) - np.exp(mu))[m] for k, v in pis}
   runs[name] = dict(r=r, mu=mu, pi_bf16=np.asarray(pi_bf16), pi_qat=np.asarray(pi_qat), mask=m, d=d)
   print(f"{name:6s} served | {m.sum():4d} tokens | mean |π−μ|: bf16 learner {d['bf16 learner'].mean():.2e}, "
         f"QAT learner {d['QAT learner'].mean():.2e}")
   assert np.all(np.isfinite(d["bf16 learner"])) and m.sum() > 0'''),
   md("## Per-token |π − μ|, bf16 learner vs QAT learner, per served format"),
-  code('''\
+  code("""\
 fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), sharey=True)
 all_d = np.concatenate([v for r in runs.values() for v in r["d"].values()])
 lo = max(np.quantile(all_d[all_d > 0], 0.001), 1e-9) if np.any(all_d > 0) else 1e-9
@@ -339,14 +342,14 @@ for ax, (name, r) in zip(axes, runs.items()):
 axes[0].set_ylabel("tokens")
 fig.suptitle(f"{source}: learner vs sampler token probabilities (bf16 compute; exact zeros drawn at the left edge)")
 fig.tight_layout()
-show(fig)'''),
+show(fig)"""),
   md("""## Importance weights on the same rollouts
 
 With the bf16 learner's π as π_old and the sampler's μ: TIS (token, C = 2), MIS (sequence, keep ρ in
 [0.5, 2]) and ACRL (γ = 0.65, C = 2; X measured on this batch, so it is step 0 of a run). ACRL needs
 advantages; these rollouts have no task, so the advantages are a random ±1 per sequence (their sign is
 all ACRL uses)."""),
-  code('''\
+  code("""\
 rng = np.random.default_rng(0)
 fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), sharey=True)
 for i, (name, r) in enumerate(runs.items()):
@@ -369,7 +372,7 @@ for ax in axes:
 axes[0].set_ylabel("tokens")
 fig.suptitle(f"{source}: correction weights (π_old = bf16 learner)")
 fig.tight_layout()
-show(fig)'''),
+show(fig)"""),
 ]
 
 NOTEBOOKS = {

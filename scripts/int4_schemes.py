@@ -37,21 +37,23 @@ SMOL_CONFIG = "configs/smollm2_int4_qat_grpo.yaml"
 # The settings of docs/results.md, so that the absmax arm reproduces its "INT4 rollouts + INT4 QAT" row.
 COMMON = ["run.sft_batch=128", "run.batch_prompts=32", "learner.lr=5e-4", "learner.schedule=cosine"]
 SCHEMES = {  # scheme name -> config overrides
-    "absmax": [],
-    "minmax": ["quant.int4_scheme=minmax"],
-    "learned": ["quant.int4_scheme=learned"],
-    "learned_zp": ["quant.int4_scheme=learned", "quant.int4_zero_point=true"],
+  "absmax": [],
+  "minmax": ["quant.int4_scheme=minmax"],
+  "learned": ["quant.int4_scheme=learned"],
+  "learned_zp": ["quant.int4_scheme=learned", "quant.int4_zero_point=true"],
 }
 ARMS: dict[str, tuple[list[str], str]] = {
-    "absmax": (SCHEMES["absmax"], "absmax (amax/7, codes ±7; slime)"),
-    "minmax": (SCHEMES["minmax"], "minmax (asymmetric, zero point)"),
-    "learned": (SCHEMES["learned"], "learned scale (LSQ), codes [−8, 7]"),
-    "learned_zp": (SCHEMES["learned_zp"], "learned scale + zero point (LSQ+)"),
-    "absmax_grid": (["learner.qat_init=grid"], "absmax + INT4-aware init"),
-    "absmax_clip": (["learner.int4_update_clip=1.0"], "absmax + update clip (k = 1)"),
-    "absmax_late": (["learner.qat_start_step=10"], "absmax, QAT on at RL step 10 (float warm-up)"),
-    "absmax_fade": (["learner.qat_start_step=10", "learner.qat_warmup_steps=20"],
-                    "absmax, QAT faded in over RL steps 10–29 (float warm-up)"),
+  "absmax": (SCHEMES["absmax"], "absmax (amax/7, codes ±7; slime)"),
+  "minmax": (SCHEMES["minmax"], "minmax (asymmetric, zero point)"),
+  "learned": (SCHEMES["learned"], "learned scale (LSQ), codes [−8, 7]"),
+  "learned_zp": (SCHEMES["learned_zp"], "learned scale + zero point (LSQ+)"),
+  "absmax_grid": (["learner.qat_init=grid"], "absmax + INT4-aware init"),
+  "absmax_clip": (["learner.int4_update_clip=1.0"], "absmax + update clip (k = 1)"),
+  "absmax_late": (["learner.qat_start_step=10"], "absmax, QAT on at RL step 10 (float warm-up)"),
+  "absmax_fade": (
+    ["learner.qat_start_step=10", "learner.qat_warmup_steps=20"],
+    "absmax, QAT faded in over RL steps 10–29 (float warm-up)",
+  ),
 }
 CORE_ARMS = ["absmax", "minmax", "learned", "learned_zp"]
 
@@ -66,11 +68,21 @@ def run_rl(arms, seeds, *, root: Path, steps: int, sft_steps: int, reuse: bool):
   for arm in arms:
     for seed in seeds:
       t0 = time.perf_counter()
-      s = run_arm("int4_qat", seed, root=root / "rl" / arm, steps=steps, sft_steps=sft_steps, eval_every=0,
-                  extra=COMMON + ARMS[arm][0], reuse=reuse)
-      print(f"rl {arm:12s} seed {seed}: accuracy {s.accuracy_before:.3f} -> {s.accuracy_after:.3f}, "
-            f"|π−μ| {s.mismatch_mean:.3g}, smoothness {s.smoothness:.3g} ({time.perf_counter() - t0:.0f} s)",
-            flush=True)
+      s = run_arm(
+        "int4_qat",
+        seed,
+        root=root / "rl" / arm,
+        steps=steps,
+        sft_steps=sft_steps,
+        eval_every=0,
+        extra=COMMON + ARMS[arm][0],
+        reuse=reuse,
+      )
+      print(
+        f"rl {arm:12s} seed {seed}: accuracy {s.accuracy_before:.3f} -> {s.accuracy_after:.3f}, "
+        f"|π−μ| {s.mismatch_mean:.3g}, smoothness {s.smoothness:.3g} ({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+      )
       out[(arm, seed)] = s
   return out
 
@@ -122,7 +134,10 @@ def run_jolt(seeds, *, root: Path, sft_steps: int):
     sb = setup.task.supervised_batch(0, 128, split="eval")
     tokens, valid = jnp.asarray(sb.tokens), jnp.asarray(sb.valid)
     mcfg = setup.model_cfg
-    fwd = jax.jit(lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, numerics=models.Numerics(qat_rules=r))[0], static_argnums=1)
+    fwd = jax.jit(
+      lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, numerics=models.Numerics(qat_rules=r))[0],
+      static_argnums=1,
+    )
     params0 = setup.params
     # A run with learner.qat_start_step > 0 warms up without QAT: the weights QAT meets when it switches on.
     # Float training ignores the learned s / z (zero gradient, no weight decay), so one float warm-up per init
@@ -130,8 +145,9 @@ def run_jolt(seeds, *, root: Path, sft_steps: int):
     late = lambda extra: load_config(CONFIG, base + ["learner.qat_start_step=1", *extra])
     warm = {"default": supervised_warmup(late([]), setup, params0, progress=False)}
     for grid_of in ("absmax", "minmax"):
-      warm[f"grid_{grid_of}"] = supervised_warmup(late(SCHEMES[grid_of] + ["learner.qat_init=grid"]), setup,
-                                                  params0, progress=False)
+      warm[f"grid_{grid_of}"] = supervised_warmup(
+        late(SCHEMES[grid_of] + ["learner.qat_init=grid"]), setup, params0, progress=False
+      )
     for scheme, ov in SCHEMES.items():
       for init in ("default", "grid"):
         extra = ov + (["learner.qat_init=grid"] if init == "grid" else [])
@@ -146,11 +162,24 @@ def run_jolt(seeds, *, root: Path, sft_steps: int):
         kl2 = None
         if cfg.quant.learner_spec.learned:  # the alternative: learned s / z initialised when QAT switches on
           kl2 = float(quant.policy_jolt(fwd, quant.init_learned(p_plain, rules), rules, mask_BT=valid)[0])
-        rows.append({"seed": seed, "scheme": scheme, "init": init, "kl_init": float(kl0),
-                     "bound_init": float(m0["bound"]), "kl_warm": float(kl1), "bound_warm": float(m1["bound"]),
-                     "logit_diff_max_warm": float(m1["logit_diff_max"]), "kl_warm_reinit": kl2})
-        print(f"jolt seed {seed} {scheme:10s} {init:7s}: at init {float(kl0):.3e}, after {sft_steps} float "
-              f"warm-up steps {float(kl1):.3e}", flush=True)
+        rows.append(
+          {
+            "seed": seed,
+            "scheme": scheme,
+            "init": init,
+            "kl_init": float(kl0),
+            "bound_init": float(m0["bound"]),
+            "kl_warm": float(kl1),
+            "bound_warm": float(m1["bound"]),
+            "logit_diff_max_warm": float(m1["logit_diff_max"]),
+            "kl_warm_reinit": kl2,
+          }
+        )
+        print(
+          f"jolt seed {seed} {scheme:10s} {init:7s}: at init {float(kl0):.3e}, after {sft_steps} float "
+          f"warm-up steps {float(kl1):.3e}",
+          flush=True,
+        )
   (root / "jolt.json").write_text(json.dumps({"sft_steps": sft_steps, "rows": rows}, indent=1))
   return rows
 
@@ -168,8 +197,8 @@ def run_smollm2(*, root: Path, prompts: int, completions: int, seed: int = 0):
   from lrl_jax.config import load_config
   from lrl_jax.rl.loop import encode_prompt_batch
   from lrl_jax.rl.setup import build_model
-  from lrl_jax.rl.warmup import prepare_qat_params
   from lrl_jax.rl.sync import sync
+  from lrl_jax.rl.warmup import prepare_qat_params
   from lrl_jax.sampler import generate
 
   t0 = time.perf_counter()
@@ -181,7 +210,10 @@ def run_smollm2(*, root: Path, prompts: int, completions: int, seed: int = 0):
   prompts_, _ = setup.task.prompts(0, prompts, split="eval")
   tok, val = encode_prompt_batch(setup.task, prompts_)
   tokens, valid = jnp.asarray(tok), jnp.asarray(val)
-  fwd = jax.jit(lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, numerics=models.Numerics(qat_rules=r))[0], static_argnums=1)
+  fwd = jax.jit(
+    lambda p, r: models.forward(p, tokens, mcfg, valid_BT=valid, numerics=models.Numerics(qat_rules=r))[0],
+    static_argnums=1,
+  )
   out = {"prompts": prompts, "completions": completions, "schemes": {}}
   served_kernels = {}
   for scheme, ov in SCHEMES.items():
@@ -206,19 +238,32 @@ def run_smollm2(*, root: Path, prompts: int, completions: int, seed: int = 0):
       ss += float(jnp.sum(x.astype(jnp.float32) ** 2))
     served_kernels[scheme] = deq
     kl, m = quant.policy_jolt(fwd, p, rules, mask_BT=valid)
-    res = {"weight_rel_rmse": math.sqrt(se / ss), "jolt": float(kl), "jolt_bound": float(m["bound"]),
-           "jolt_max": float(m["kl_max"])}
+    res = {
+      "weight_rel_rmse": math.sqrt(se / ss),
+      "jolt": float(kl),
+      "jolt_bound": float(m["bound"]),
+      "jolt_max": float(m["kl_max"]),
+    }
     init_of = {"learned": "absmax", "learned_zp": "minmax"}.get(scheme)
     if init_of is not None and init_of in served_kernels:  # step-0 learned weights vs those of their init scheme
       res["init_scheme"] = init_of
       res["frac_weights_equal_init_scheme"] = float(
-          sum(np.sum(deq[k] == served_kernels[init_of][k]) for k in deq) / sum(deq[k].size for k in deq))
+        sum(np.sum(deq[k] == served_kernels[init_of][k]) for k in deq) / sum(deq[k].size for k in deq)
+      )
     # sample with the INT4 served weights (this scheme's sync); π with and without QAT on those tokens
     served = sync(p, cfg)
     enc = setup.task.encoder
     sampling = cfg.sampler.sampling(eos_id=enc.eos_id, pad_id=enc.pad_id, evaluation=False)
-    roll = generate(served, jnp.asarray(tok), jnp.asarray(val), setup.sampler_cfg, sampling,
-                    jax.random.PRNGKey(seed), group_size=completions, cache_dtype=setup.sampler_cfg.dtype)
+    roll = generate(
+      served,
+      jnp.asarray(tok),
+      jnp.asarray(val),
+      setup.sampler_cfg,
+      sampling,
+      jax.random.PRNGKey(seed),
+      group_size=completions,
+      cache_dtype=setup.sampler_cfg.dtype,
+    )
     for name, lc in (("qat", lcfg), ("no_qat", lcfg.without_qat())):
       logp = L.token_logprobs(p, roll, setup.model_cfg, cfg=lc)
       mm = losses.finalize_metrics(losses.mismatch_metrics(logp, roll.sampler_logp, roll.loss_mask))
@@ -247,91 +292,129 @@ def render(root: Path, *, command: str, fig_path: Path, steps: int, sft_steps: i
   jolt = json.loads((root / "jolt.json").read_text()) if (root / "jolt.json").is_file() else None
   smol = json.loads((root / "smollm2.json").read_text()) if (root / "smollm2.json").is_file() else None
   date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-  L = ["# INT4 QAT schemes: absmax, minmax, learned (LSQ / LSQ+); INT4-aware init; update clipping", "",
-       f"Rendered by `{command}` on {date}, {platform.machine()} CPU, 2 cores shared with other jobs (wall times "
-       f"are indicative only), from the run directories under `{root}`. All of it is reproduced by one command, "
-       f"`python scripts/int4_schemes.py --seeds 3 --arms {','.join(ARMS)}` (about 45 min of one core here); "
-       "here the parts ran separately (`--parts smollm2`, `--parts rl --reuse` with the core arms, then the "
-       "other arms, `--parts jolt`, `--parts render`).", "",
-       "Schemes (`quant.int4_scheme`, `quant.int4_zero_point`; formulas in `lrl_jax/quant/specs.py`): **absmax** "
-       "s = bf16(amax/7), codes ±7 (slime's recipe); **minmax** s = bf16((max − min)/15) with 0 in the range, "
-       "a zero point per group, codes [−8, 7]; **learned** s trained by LSQ (Esser et al. 2020), initialised "
-       "from absmax, codes [−8, 7]; **learned + zero point** s and z trained by LSQ / LSQ+ (Bhalgat et al. 2020), "
-       "initialised from minmax. The sampler always serves the learner's s, z and codes (the contract tests of "
-       "issue 9), so |π − μ| is compute order only.", ""]
+  L = [
+    "# INT4 QAT schemes: absmax, minmax, learned (LSQ / LSQ+); INT4-aware init; update clipping",
+    "",
+    f"Rendered by `{command}` on {date}, {platform.machine()} CPU, 2 cores shared with other jobs (wall times "
+    f"are indicative only), from the run directories under `{root}`. All of it is reproduced by one command, "
+    f"`python scripts/int4_schemes.py --seeds 3 --arms {','.join(ARMS)}` (about 45 min of one core here); "
+    "here the parts ran separately (`--parts smollm2`, `--parts rl --reuse` with the core arms, then the "
+    "other arms, `--parts jolt`, `--parts render`).",
+    "",
+    "Schemes (`quant.int4_scheme`, `quant.int4_zero_point`; formulas in `lrl_jax/quant/specs.py`): **absmax** "
+    "s = bf16(amax/7), codes ±7 (slime's recipe); **minmax** s = bf16((max − min)/15) with 0 in the range, "
+    "a zero point per group, codes [−8, 7]; **learned** s trained by LSQ (Esser et al. 2020), initialised "
+    "from absmax, codes [−8, 7]; **learned + zero point** s and z trained by LSQ / LSQ+ (Bhalgat et al. 2020), "
+    "initialised from minmax. The sampler always serves the learner's s, z and codes (the contract tests of "
+    "issue 9), so |π − μ| is compute order only.",
+    "",
+  ]
   # ---- RL
   if runs:
     arms = [a for a in ARMS if any(k[0] == a for k in runs)]
     seeds = sorted({k[1] for k in runs})
-    L += ["## Embedded task: GRPO with INT4 QAT, per scheme", "",
-          f"configs/int4_qat_grpo.yaml (tiny Qwen2-shaped model, D=64, L=2, INT4 g32) with `{' '.join(COMMON)}`: "
-          f"the settings of docs/results.md; {sft_steps} supervised warm-up steps (in the arm's learner numerics, "
-          f"except the late-QAT arms, whose warm-up is float), then {steps} GRPO steps; seeds {seeds}. Accuracy: "
-          "greedy, 128 eval problems, generated by the sampler on its INT4 weights. Smoothness: std of the "
-          "step-to-step change of the mean train reward (lower = smoother). |π − μ|: token-mean absolute "
-          "difference of learner and sampler probabilities of the sampled tokens, mean over steps. "
-          "Mean ± sample std over seeds.", "",
-          "| arm | overrides | accuracy before RL (%) | final accuracy (%) | RL gain (points) | smoothness | "
-          "mean abs(π − μ) | train reward first→last 5 |", "|---|---|---|---|---|---|---|---|"]
+    L += [
+      "## Embedded task: GRPO with INT4 QAT, per scheme",
+      "",
+      f"configs/int4_qat_grpo.yaml (tiny Qwen2-shaped model, D=64, L=2, INT4 g32) with `{' '.join(COMMON)}`: "
+      f"the settings of docs/results.md; {sft_steps} supervised warm-up steps (in the arm's learner numerics, "
+      f"except the late-QAT arms, whose warm-up is float), then {steps} GRPO steps; seeds {seeds}. Accuracy: "
+      "greedy, 128 eval problems, generated by the sampler on its INT4 weights. Smoothness: std of the "
+      "step-to-step change of the mean train reward (lower = smoother). |π − μ|: token-mean absolute "
+      "difference of learner and sampler probabilities of the sampled tokens, mean over steps. "
+      "Mean ± sample std over seeds.",
+      "",
+      "| arm | overrides | accuracy before RL (%) | final accuracy (%) | RL gain (points) | smoothness | "
+      "mean abs(π − μ) | train reward first→last 5 |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
     for a in arms:
       rs = [runs[k][0] for k in sorted(runs) if k[0] == a]
       ov = " ".join(ARMS[a][0]) or "(none)"
-      L.append(f"| {ARMS[a][1]} | `{ov}` | {_ms([r['accuracy_before'] for r in rs], '{:.1f}', 100)} | "
-               f"{_ms([r['accuracy_after'] for r in rs], '{:.1f}', 100)} | "
-               f"{_ms([r['accuracy_after'] - r['accuracy_before'] for r in rs], '{:.1f}', 100)} | "
-               f"{_ms([r['smoothness'] for r in rs])} | {_ms([r['mismatch_mean'] for r in rs], '{:.2e}')} | "
-               f"{_ms([r['reward_first'] for r in rs], '{:.2f}')} → {_ms([r['reward_last'] for r in rs], '{:.2f}')} |")
-    L += ["", "Per run:", "", "| arm | seed | before (%) | after (%) | smoothness | mean abs(π − μ) | wall (s) |",
-          "|---|---|---|---|---|---|---|"]
+      L.append(
+        f"| {ARMS[a][1]} | `{ov}` | {_ms([r['accuracy_before'] for r in rs], '{:.1f}', 100)} | "
+        f"{_ms([r['accuracy_after'] for r in rs], '{:.1f}', 100)} | "
+        f"{_ms([r['accuracy_after'] - r['accuracy_before'] for r in rs], '{:.1f}', 100)} | "
+        f"{_ms([r['smoothness'] for r in rs])} | {_ms([r['mismatch_mean'] for r in rs], '{:.2e}')} | "
+        f"{_ms([r['reward_first'] for r in rs], '{:.2f}')} → {_ms([r['reward_last'] for r in rs], '{:.2f}')} |"
+      )
+    L += [
+      "",
+      "Per run:",
+      "",
+      "| arm | seed | before (%) | after (%) | smoothness | mean abs(π − μ) | wall (s) |",
+      "|---|---|---|---|---|---|---|",
+    ]
     for k in sorted(runs, key=lambda k: (list(ARMS).index(k[0]), k[1])):
       r = runs[k][0]
-      L.append(f"| {k[0]} | {k[1]} | {100 * r['accuracy_before']:.1f} | {100 * r['accuracy_after']:.1f} | "
-               f"{r['smoothness']:.3f} | {r['mismatch_mean']:.2e} | {r['wall_s']:.0f} |")
+      L.append(
+        f"| {k[0]} | {k[1]} | {100 * r['accuracy_before']:.1f} | {100 * r['accuracy_after']:.1f} | "
+        f"{r['smoothness']:.3f} | {r['mismatch_mean']:.2e} | {r['wall_s']:.0f} |"
+      )
     L += [""]
   # ---- jolt
   if jolt:
     rows = jolt["rows"]
-    L += ["## The jolt of switching QAT on, with and without INT4-aware init (embedded task's model)", "",
-          "KL(π_float ‖ π_QAT) of the next-token distribution, token-mean over the 128 eval sequences (prompt + "
-          "answer, every valid position), `quant.policy_jolt`, learner numerics (f32). *At init*: the random "
-          f"initial weights (std 0.02), i.e. QAT on from step 0. *After a float warm-up*: {jolt['sft_steps']} "
-          "supervised steps without QAT (what a run with `learner.qat_start_step > 0` meets when QAT switches on; "
-          "the learned s, z are those initialised at step 0). *grid* = `learner.qat_init=grid` "
-          "(`quant.int4_aware_init` at step 0). Bound: the token-mean Hoeffding bound range(δ)²/8 of "
-          "`quant.next_token_kl` (δ = QAT − float logits). Mean ± std over seeds.", "",
-          "| scheme | init | jolt at init | bound | jolt after float warm-up | bound | learned s, z initialised "
-          "at switch-on instead |", "|---|---|---|---|---|---|---|"]
+    L += [
+      "## The jolt of switching QAT on, with and without INT4-aware init (embedded task's model)",
+      "",
+      "KL(π_float ‖ π_QAT) of the next-token distribution, token-mean over the 128 eval sequences (prompt + "
+      "answer, every valid position), `quant.policy_jolt`, learner numerics (f32). *At init*: the random "
+      f"initial weights (std 0.02), i.e. QAT on from step 0. *After a float warm-up*: {jolt['sft_steps']} "
+      "supervised steps without QAT (what a run with `learner.qat_start_step > 0` meets when QAT switches on; "
+      "the learned s, z are those initialised at step 0). *grid* = `learner.qat_init=grid` "
+      "(`quant.int4_aware_init` at step 0). Bound: the token-mean Hoeffding bound range(δ)²/8 of "
+      "`quant.next_token_kl` (δ = QAT − float logits). Mean ± std over seeds.",
+      "",
+      "| scheme | init | jolt at init | bound | jolt after float warm-up | bound | learned s, z initialised "
+      "at switch-on instead |",
+      "|---|---|---|---|---|---|---|",
+    ]
     for scheme in SCHEMES:
       for init in ("default", "grid"):
         rs = [r for r in rows if r["scheme"] == scheme and r["init"] == init]
         if rs:
-          L.append(f"| {scheme} | {init} | {_ms([r['kl_init'] for r in rs], '{:.2e}')} | "
-                   f"{_ms([r['bound_init'] for r in rs], '{:.2e}')} | {_ms([r['kl_warm'] for r in rs], '{:.2e}')} | "
-                   f"{_ms([r['bound_warm'] for r in rs], '{:.2e}')} | "
-                   f"{_ms([r.get('kl_warm_reinit') for r in rs], '{:.2e}')} |")
+          L.append(
+            f"| {scheme} | {init} | {_ms([r['kl_init'] for r in rs], '{:.2e}')} | "
+            f"{_ms([r['bound_init'] for r in rs], '{:.2e}')} | {_ms([r['kl_warm'] for r in rs], '{:.2e}')} | "
+            f"{_ms([r['bound_warm'] for r in rs], '{:.2e}')} | "
+            f"{_ms([r.get('kl_warm_reinit') for r in rs], '{:.2e}')} |"
+          )
     L += [""]
   # ---- SmolLM2
   if smol:
     sc = smol["schemes"]
-    L += ["## SmolLM2-135M-Instruct", "",
-          "configs/smollm2_int4_qat_grpo.yaml: the Q4_1 GGUF dequantized to f32 masters, bf16 compute, INT4 g64 "
-          "on every attention / MLP projection. Weight error: ‖ŵ − w‖/‖w‖ over all quantized kernels (w = the "
-          f"bf16 cast the matmul sees). Jolt: KL(π_float ‖ π_QAT), token-mean over every position of "
-          f"{smol['prompts']} chat prompts (eval split). |π − μ|: {smol['prompts']} prompts × "
-          f"{smol['completions']} completions sampled (T = 1, 32 new tokens) from the INT4 served weights; π by the "
-          "learner with QAT (the contract) and without (a float learner facing an INT4 sampler). Learned schemes "
-          "at step 0: their initial s, z. A short GRPO run per scheme (a few steps, what this CPU allows) is in `int4_schemes_smollm2_rl.md` (`scripts/int4_schemes_smollm2_rl.py`).",
-          "", "| scheme | weight rel. error | jolt KL | jolt bound | abs(π − μ), QAT learner | "
-          "abs(π − μ), float learner | KL(μ‖π) k3, QAT / float | tokens |", "|---|---|---|---|---|---|---|---|"]
+    L += [
+      "## SmolLM2-135M-Instruct",
+      "",
+      "configs/smollm2_int4_qat_grpo.yaml: the Q4_1 GGUF dequantized to f32 masters, bf16 compute, INT4 g64 "
+      "on every attention / MLP projection. Weight error: ‖ŵ − w‖/‖w‖ over all quantized kernels (w = the "
+      f"bf16 cast the matmul sees). Jolt: KL(π_float ‖ π_QAT), token-mean over every position of "
+      f"{smol['prompts']} chat prompts (eval split). |π − μ|: {smol['prompts']} prompts × "
+      f"{smol['completions']} completions sampled (T = 1, 32 new tokens) from the INT4 served weights; π by the "
+      "learner with QAT (the contract) and without (a float learner facing an INT4 sampler). Learned schemes "
+      "at step 0: their initial s, z. A short GRPO run per scheme (a few steps, what this CPU allows) is in "
+      "`int4_schemes_smollm2_rl.md` (`scripts/int4_schemes_smollm2_rl.py`).",
+      "",
+      "| scheme | weight rel. error | jolt KL | jolt bound | abs(π − μ), QAT learner | "
+      "abs(π − μ), float learner | KL(μ‖π) k3, QAT / float | tokens |",
+      "|---|---|---|---|---|---|---|---|",
+    ]
     for s, r in sc.items():
-      L.append(f"| {s} | {r['weight_rel_rmse']:.4f} | {r['jolt']:.3e} | {r['jolt_bound']:.2e} | "
-               f"{r['mismatch_qat']:.2e} | {r['mismatch_no_qat']:.2e} | {r['kl_k3_qat']:.1e} / {r['kl_k3_no_qat']:.1e} | "
-               f"{r['tokens']} |")
+      L.append(
+        f"| {s} | {r['weight_rel_rmse']:.4f} | {r['jolt']:.3e} | {r['jolt_bound']:.2e} | "
+        f"{r['mismatch_qat']:.2e} | {r['mismatch_no_qat']:.2e} | {r['kl_k3_qat']:.1e} / {r['kl_k3_no_qat']:.1e} | "
+        f"{r['tokens']} |"
+      )
     eq = [(s, r) for s, r in sc.items() if "frac_weights_equal_init_scheme" in r]
     if eq:
-      L += ["", "Learned schemes at step 0 vs the scheme they are initialised from (fraction of quantized weights "
-            "equal): " + "; ".join(f"{s} vs {r['init_scheme']}: {100 * r['frac_weights_equal_init_scheme']:.2f}%"
-                                  for s, r in eq) + "."]
+      L += [
+        "",
+        "Learned schemes at step 0 vs the scheme they are initialised from (fraction of quantized weights "
+        "equal): "
+        + "; ".join(f"{s} vs {r['init_scheme']}: {100 * r['frac_weights_equal_init_scheme']:.2f}%" for s, r in eq)
+        + ".",
+      ]
     L += [""]
   L += ["## What the numbers say", ""] + _findings(runs, jolt, smol) + [""]
   if runs:
@@ -360,74 +443,104 @@ def _findings(runs, jolt, smol) -> list[str]:
       m = lambda arm, key: (_arm_stats(runs, arm, key) or (float("nan"),))[0]
       spread = max(x for x in (base[1], acc[1], 0.0) if math.isfinite(x))
       d = acc[0] - base[0]
-      verdict = ("within the seed-to-seed spread (no evidence either way)" if abs(d) <= spread
-                 else ("better" if d > 0 else "worse") + " than absmax by more than the spread")
-      out.append(f"- **{a}** vs absmax: final accuracy {100 * acc[0]:.1f}% vs {100 * base[0]:.1f}% "
-                 f"({100 * d:+.1f} points, seed std up to {100 * spread:.1f}: {verdict}); RL gain "
-                 f"{100 * gain:+.1f} vs {100 * bgain:+.1f} points; smoothness {m(a, 'smoothness'):.3f} vs "
-                 f"{m('absmax', 'smoothness'):.3f}; mean abs(π − μ) {m(a, 'mismatch_mean'):.2e} vs "
-                 f"{m('absmax', 'mismatch_mean'):.2e}.")
+      verdict = (
+        "within the seed-to-seed spread (no evidence either way)"
+        if abs(d) <= spread
+        else ("better" if d > 0 else "worse") + " than absmax by more than the spread"
+      )
+      out.append(
+        f"- **{a}** vs absmax: final accuracy {100 * acc[0]:.1f}% vs {100 * base[0]:.1f}% "
+        f"({100 * d:+.1f} points, seed std up to {100 * spread:.1f}: {verdict}); RL gain "
+        f"{100 * gain:+.1f} vs {100 * bgain:+.1f} points; smoothness {m(a, 'smoothness'):.3f} vs "
+        f"{m('absmax', 'smoothness'):.3f}; mean abs(π − μ) {m(a, 'mismatch_mean'):.2e} vs "
+        f"{m('absmax', 'mismatch_mean'):.2e}."
+      )
   if jolt:
     rows = jolt["rows"]
     g0 = [r["kl_init"] for r in rows if r["init"] == "grid"]
     d0 = [r["kl_init"] for r in rows if r["init"] == "default"]
     if g0:
-      out.append(f"- INT4-aware init removes the step-0 jolt exactly: KL = {max(g0):.1e} (max over schemes and "
-                 f"seeds) with `qat_init=grid`, vs {min(d0):.1e}–{max(d0):.1e} with the default init.")
+      out.append(
+        f"- INT4-aware init removes the step-0 jolt exactly: KL = {max(g0):.1e} (max over schemes and "
+        f"seeds) with `qat_init=grid`, vs {min(d0):.1e}–{max(d0):.1e} with the default init."
+      )
     for scheme in SCHEMES:
       gw = [r["kl_warm"] for r in rows if r["scheme"] == scheme and r["init"] == "grid"]
       dw = [r["kl_warm"] for r in rows if r["scheme"] == scheme and r["init"] == "default"]
       if gw and dw:
         sd = max(np.std(gw, ddof=1), np.std(dw, ddof=1)) if len(gw) > 1 else 0.0
         d = np.mean(gw) - np.mean(dw)
-        how = ("within the seed-to-seed spread: the grid init does not help once float training has moved the "
-               "weights off the grid" if abs(d) <= sd else ("lower" if d < 0 else "higher") + " with the grid init")
-        out.append(f"- {scheme}, QAT switched on after {jolt['sft_steps']} float warm-up steps: jolt "
-                   f"{np.mean(gw):.2e} with the grid init vs {np.mean(dw):.2e} without (seed std up to {sd:.1e}): "
-                   f"{how}.")
-      ri = [r["kl_warm_reinit"] for r in rows if r["scheme"] == scheme and r["init"] == "default"
-            and r.get("kl_warm_reinit") is not None]
+        how = (
+          "within the seed-to-seed spread: the grid init does not help once float training has moved the "
+          "weights off the grid"
+          if abs(d) <= sd
+          else ("lower" if d < 0 else "higher") + " with the grid init"
+        )
+        out.append(
+          f"- {scheme}, QAT switched on after {jolt['sft_steps']} float warm-up steps: jolt "
+          f"{np.mean(gw):.2e} with the grid init vs {np.mean(dw):.2e} without (seed std up to {sd:.1e}): "
+          f"{how}."
+        )
+      ri = [
+        r["kl_warm_reinit"]
+        for r in rows
+        if r["scheme"] == scheme and r["init"] == "default" and r.get("kl_warm_reinit") is not None
+      ]
       if ri:
-        out.append(f"- {scheme}: with the learned s, z kept from step 0 through a float warm-up the switch-on jolt "
-                   f"is {np.mean(dw):.2e}; initialising them from the weights at the switch-on step gives "
-                   f"{np.mean(ri):.2e} ({np.mean(dw) / max(np.mean(ri), 1e-30):.0f}x less). Stale learned scales "
-                   "are the dominant jolt of a late QAT start; the learner therefore re-initialises them at "
-                   "`learner.qat_start_step` (`learner.learned_qat_start`, called by `train_step` and, before that "
-                   "step's rollouts, by `rl`), so a late start meets the second number.")
+        out.append(
+          f"- {scheme}: with the learned s, z kept from step 0 through a float warm-up the switch-on jolt "
+          f"is {np.mean(dw):.2e}; initialising them from the weights at the switch-on step gives "
+          f"{np.mean(ri):.2e} ({np.mean(dw) / max(np.mean(ri), 1e-30):.0f}x less). Stale learned scales "
+          "are the dominant jolt of a late QAT start; the learner therefore re-initialises them at "
+          "`learner.qat_start_step` (`learner.learned_qat_start`, called by `train_step` and, before that "
+          "step's rollouts, by `rl`), so a late start meets the second number."
+        )
   if smol:
     sc = smol["schemes"]
     if "absmax" in sc and "minmax" in sc:
       a, m = sc["absmax"], sc["minmax"]
-      out.append(f"- SmolLM2: minmax's weight error is {100 * (1 - m['weight_rel_rmse'] / a['weight_rel_rmse']):.0f}% "
-                 f"below absmax's ({m['weight_rel_rmse']:.4f} vs {a['weight_rel_rmse']:.4f}) and its jolt "
-                 f"{m['jolt']:.3f} vs {a['jolt']:.3f} nats/token. Both jolts are large for a pretrained model: "
-                 "switching INT4 QAT on changes the policy itself, which no init can avoid for given weights "
-                 "(the grid init of a pretrained model is the same one-time quantization, moved to step 0).")
+      out.append(
+        f"- SmolLM2: minmax's weight error is {100 * (1 - m['weight_rel_rmse'] / a['weight_rel_rmse']):.0f}% "
+        f"below absmax's ({m['weight_rel_rmse']:.4f} vs {a['weight_rel_rmse']:.4f}) and its jolt "
+        f"{m['jolt']:.3f} vs {a['jolt']:.3f} nats/token. Both jolts are large for a pretrained model: "
+        "switching INT4 QAT on changes the policy itself, which no init can avoid for given weights "
+        "(the grid init of a pretrained model is the same one-time quantization, moved to step 0)."
+      )
     for s_, r in sc.items():
       if "mismatch_qat" in r:
-        out.append(f"- SmolLM2 {s_}: abs(π − μ) {r['mismatch_qat']:.2e} with the QAT learner vs "
-                   f"{r['mismatch_no_qat']:.2e} with a float learner on the same INT4 rollouts "
-                   f"({r['mismatch_no_qat'] / max(r['mismatch_qat'], 1e-30):.0f}x).")
+        out.append(
+          f"- SmolLM2 {s_}: abs(π − μ) {r['mismatch_qat']:.2e} with the QAT learner vs "
+          f"{r['mismatch_no_qat']:.2e} with a float learner on the same INT4 rollouts "
+          f"({r['mismatch_no_qat'] / max(r['mismatch_qat'], 1e-30):.0f}x)."
+        )
     for s_, r in sc.items():
       f = r.get("frac_weights_equal_init_scheme")
       if f is not None and f < 1:
-        out.append(f"- SmolLM2 {s_} at step 0 equals {r['init_scheme']} on {100 * f:.2f}% of the quantized weights, "
-                   "not 100%: `quant.init_learned` computes the initial s (z) from the f32 masters, while the bf16 "
-                   "learner quantizes their bf16 cast, whose absmax / minmax scale can differ by a bf16 ulp. "
-                   "Harmless (the sampler serves the same learned s, z), but initialising from the compute-dtype "
-                   "cast would make step 0 identical to the init scheme.")
+        out.append(
+          f"- SmolLM2 {s_} at step 0 equals {r['init_scheme']} on {100 * f:.2f}% of the quantized weights, "
+          "not 100%: `quant.init_learned` computes the initial s (z) from the f32 masters, while the bf16 "
+          "learner quantizes their bf16 cast, whose absmax / minmax scale can differ by a bf16 ulp. "
+          "Harmless (the sampler serves the same learned s, z), but initialising from the compute-dtype "
+          "cast would make step 0 identical to the init scheme."
+        )
   if runs and any(k[0] in ("absmax_late", "absmax_fade") for k in runs):
-    out.append("- The late-QAT arms warm up in float (`qat_start_step > 0`), so they start RL from a better model "
-               "(the QAT warm-up from a random init is the fragile part of every other arm); compare their RL gain, "
-               "not their final accuracy. Their mean abs(π − μ) counts the 10 float RL steps (float learner vs INT4 "
-               "sampler, as without QAT), and during a fade the learner's w + α(ŵ − w) is neither the float nor the "
-               "served weights, so the mismatch is larger while α < 1, and back to the QAT level after.")
+    out.append(
+      "- The late-QAT arms warm up in float (`qat_start_step > 0`), so they start RL from a better model "
+      "(the QAT warm-up from a random init is the fragile part of every other arm); compare their RL gain, "
+      "not their final accuracy. Their mean abs(π − μ) counts the 10 float RL steps (float learner vs INT4 "
+      "sampler, as without QAT), and during a fade the learner's w + α(ŵ − w) is neither the float nor the "
+      "served weights, so the mismatch is larger while α < 1, and back to the QAT level after."
+    )
   if runs:
-    out.append("- Smoothness is lowest for runs whose reward stays near 0 (a collapsed warm-up): compare it between "
-               "runs of similar accuracy.")
+    out.append(
+      "- Smoothness is lowest for runs whose reward stays near 0 (a collapsed warm-up): compare it between "
+      "runs of similar accuracy."
+    )
     lo = min(runs[k][0]["accuracy_after"] for k in runs)
-    out.append(f"- The embedded task is noisy at 3 seeds: single runs end as low as {100 * lo:.0f}% (a warm-up that "
-               "never took off), so differences of a few points between arms are not resolved here.")
+    out.append(
+      f"- The embedded task is noisy at 3 seeds: single runs end as low as {100 * lo:.0f}% (a warm-up that "
+      "never took off), so differences of a few points between arms are not resolved here."
+    )
   return out or ["- (nothing measured yet)"]
 
 
@@ -504,8 +617,7 @@ def main(argv=None) -> int:
     run_smollm2(root=root, prompts=args.smol_prompts, completions=args.smol_completions)
   if "render" in parts:
     command = "python scripts/int4_schemes.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    text = render(root, command=command.strip(), fig_path=Path(args.figure), steps=args.steps,
-                  sft_steps=args.sft_steps)
+    text = render(root, command=command.strip(), fig_path=Path(args.figure), steps=args.steps, sft_steps=args.sft_steps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text, encoding="utf-8")
     print(text)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Runs the experiment arms of issue 6 and writes docs/results.md (see lrl_jax/rl/experiments.py).
 
-  python scripts/results.py --seeds 3 --steps 60
-  python scripts/results.py --seeds 1 --steps 2 --sft-steps 5 --out /tmp/results.md   # smoke run
+python scripts/results.py --seeds 3 --steps 60
+python scripts/results.py --seeds 1 --steps 2 --sft-steps 5 --out /tmp/results.md   # smoke run
 """
 
 import sys

@@ -77,7 +77,7 @@ def test_overrides_apply_with_types():
 
 @pytest.mark.parametrize("override, message", [
     ("learner.lrr=1", "unknown key 'learner.lrr' (did you mean 'lr'?); valid keys in learner: lr, weight_decay, b1, "
-                      "b2, eps, grad_clip"),
+                      "b2, eps, nesterov, grad_clip"),
     ("lerner.lr=1", "unknown section 'lerner' in override 'lerner.lr=1' (did you mean 'learner'?); valid sections: "
                     "model, quant, sampler, learner, task, run"),
     ("quant.sampler=int3", "quant.sampler='int3' must be one of bf16, int4, fp8, nvfp4, mxfp8"),

@@ -30,8 +30,19 @@ from lrl_jax.control import networks as nets
 from lrl_jax.control.ppo import TrainResult, _check_widths, _track_episodes, run_seeds
 from lrl_jax.control.returns import dqn_targets
 
-__all__ = ["DQNConfig", "ReplayBuffer", "buffer_init", "buffer_add", "buffer_sample", "make_dqn_train",
-           "train_dqn", "dqn_init", "dqn_loss", "epsilon_at", "target_update"]
+__all__ = [
+  "DQNConfig",
+  "ReplayBuffer",
+  "buffer_init",
+  "buffer_add",
+  "buffer_sample",
+  "make_dqn_train",
+  "train_dqn",
+  "dqn_init",
+  "dqn_loss",
+  "epsilon_at",
+  "target_update",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,8 +72,15 @@ class DQNConfig:
   pad_multiple: int = 16
 
   def __post_init__(self):
-    for f in ("total_steps", "num_envs", "train_interval", "buffer_size", "batch_size", "target_period",
-              "pad_multiple"):
+    for f in (
+      "total_steps",
+      "num_envs",
+      "train_interval",
+      "buffer_size",
+      "batch_size",
+      "target_period",
+      "pad_multiple",
+    ):
       if int(getattr(self, f)) <= 0:
         raise ValueError(f"DQNConfig.{f} must be positive; got {getattr(self, f)}")
     if not 0.0 < self.tau <= 1.0:
@@ -125,9 +143,15 @@ def buffer_init(capacity: int, obs_shape: tuple[int, ...]) -> ReplayBuffer:
   if capacity <= 0:
     raise ValueError(f"buffer_init: capacity must be positive; got {capacity}")
   z = jnp.zeros((capacity, *obs_shape), jnp.float32)
-  return ReplayBuffer(obs=z, action=jnp.zeros((capacity,), jnp.int32), reward=jnp.zeros((capacity,), jnp.float32),
-                      next_obs=z, done=jnp.zeros((capacity,), jnp.float32), ptr=jnp.zeros((), jnp.int32),
-                      size=jnp.zeros((), jnp.int32))
+  return ReplayBuffer(
+    obs=z,
+    action=jnp.zeros((capacity,), jnp.int32),
+    reward=jnp.zeros((capacity,), jnp.float32),
+    next_obs=z,
+    done=jnp.zeros((capacity,), jnp.float32),
+    ptr=jnp.zeros((), jnp.int32),
+    size=jnp.zeros((), jnp.int32),
+  )
 
 
 def buffer_add(buf: ReplayBuffer, obs, action, reward, next_obs, done) -> ReplayBuffer:
@@ -137,13 +161,14 @@ def buffer_add(buf: ReplayBuffer, obs, action, reward, next_obs, done) -> Replay
     raise ValueError(f"buffer_add: batch of {e} transitions exceeds capacity {buf.capacity}")
   idx = (buf.ptr + jnp.arange(e, dtype=jnp.int32)) % buf.capacity
   return ReplayBuffer(
-      obs=buf.obs.at[idx].set(jnp.asarray(obs, jnp.float32)),
-      action=buf.action.at[idx].set(jnp.asarray(action, jnp.int32)),
-      reward=buf.reward.at[idx].set(jnp.asarray(reward, jnp.float32)),
-      next_obs=buf.next_obs.at[idx].set(jnp.asarray(next_obs, jnp.float32)),
-      done=buf.done.at[idx].set(jnp.asarray(done, jnp.float32)),
-      ptr=(buf.ptr + e) % buf.capacity,
-      size=jnp.minimum(buf.size + e, buf.capacity))
+    obs=buf.obs.at[idx].set(jnp.asarray(obs, jnp.float32)),
+    action=buf.action.at[idx].set(jnp.asarray(action, jnp.int32)),
+    reward=buf.reward.at[idx].set(jnp.asarray(reward, jnp.float32)),
+    next_obs=buf.next_obs.at[idx].set(jnp.asarray(next_obs, jnp.float32)),
+    done=buf.done.at[idx].set(jnp.asarray(done, jnp.float32)),
+    ptr=(buf.ptr + e) % buf.capacity,
+    size=jnp.minimum(buf.size + e, buf.capacity),
+  )
 
 
 def buffer_sample(buf: ReplayBuffer, key: jax.Array, batch_size: int):
@@ -169,8 +194,9 @@ def epsilon_at(cfg: DQNConfig, env_steps):
 
 def target_update(online, target, *, tau: float, do_update):
   """θ' ← τθ + (1 − τ)θ' where `do_update`, else θ' (float masters; read through the QAT view)."""
-  return jax.tree.map(lambda o, t: jnp.where(do_update, tau * o + (1.0 - tau) * t if tau < 1.0 else o, t),
-                      online, target)
+  return jax.tree.map(
+    lambda o, t: jnp.where(do_update, tau * o + (1.0 - tau) * t if tau < 1.0 else o, t), online, target
+  )
 
 
 def dqn_loss(params, target, batch, *, cfg: DQNConfig) -> jax.Array:
@@ -215,7 +241,8 @@ def make_dqn_train(cfg: DQNConfig):
     eps = 1.0 if random_only else epsilon_at(cfg, steps)
     action = jnp.where(jax.random.uniform(k_eps, (cfg.num_envs,)) < eps, rand, greedy)
     obs2, env_state, reward, term, trunc, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-        jax.random.split(k_env, cfg.num_envs), env_state, action, env_params)
+      jax.random.split(k_env, cfg.num_envs), env_state, action, env_params
+    )
     reward = reward.astype(jnp.float32)
     # s' is the pre-reset observation; only termination (not a time-limit cut) stops bootstrapping.
     buf = buffer_add(buf, obs, action, reward, info["final_observation"], term)
@@ -237,7 +264,8 @@ def make_dqn_train(cfg: DQNConfig):
       return (env_state, obs, ep_ret, buf), None
 
     (env_state, obs, ep_ret, buf), _ = jax.lax.scan(
-        warm, (env_state, obs, ep_ret, buf), jax.random.split(k_warm, cfg.warmup_iters))
+      warm, (env_state, obs, ep_ret, buf), jax.random.split(k_warm, cfg.warmup_iters)
+    )
     steps0 = cfg.warmup_iters * cfg.num_envs
 
     def update(carry, it):
@@ -253,8 +281,10 @@ def make_dqn_train(cfg: DQNConfig):
         return (env_state, obs, ep_ret, buf, rsum + s, rcnt + n), None
 
       (env_state, obs, ep_ret, buf, rsum, rcnt), _ = jax.lax.scan(
-          act, (env_state, obs, ep_ret, buf, 0.0, 0.0),
-          (jax.random.split(k_act, cfg.train_interval), jnp.arange(cfg.train_interval)))
+        act,
+        (env_state, obs, ep_ret, buf, 0.0, 0.0),
+        (jax.random.split(k_act, cfg.train_interval), jnp.arange(cfg.train_interval)),
+      )
       batch = buffer_sample(buf, k_sample, cfg.batch_size)
       grads = jax.grad(loss_fn)(params, target, batch)
       updates, opt_state = tx.update(grads, opt_state, params)

@@ -48,11 +48,12 @@ def make_env(name: str):
   Raises:
     ValueError naming the environment and the valid ids if it is unknown or not discrete.
   """
-  import gymnax  # imported lazily: gymnax is the optional `control` extra
+  import gymnax  # imported lazily: gymnax is the optional `control` extra  # noqa: PLC0415
 
   if name not in gymnax.registered_envs:
-    raise ValueError(f"unknown gymnax environment {name!r}; tested: {list(ENV_NAMES)}; "
-                     f"registered: {list(gymnax.registered_envs)}")
+    raise ValueError(
+      f"unknown gymnax environment {name!r}; tested: {list(ENV_NAMES)}; registered: {list(gymnax.registered_envs)}"
+    )
   env, params = gymnax.make(name)
   if not hasattr(env.action_space(params), "n"):
     raise ValueError(f"environment {name!r} has a continuous action space; control PPO/DQN need discrete actions")
@@ -66,8 +67,14 @@ def env_spec(name: str, *, pad_multiple: int = 16) -> EnvSpec:
   env, params = make_env(name)
   shape = tuple(env.observation_space(params).shape)
   d = math.prod(shape)
-  return EnvSpec(name=name, obs_shape=shape, obs_dim=d, in_dim=-(-d // pad_multiple) * pad_multiple,
-                 num_actions=int(env.action_space(params).n), max_steps=int(params.max_steps_in_episode))
+  return EnvSpec(
+    name=name,
+    obs_shape=shape,
+    obs_dim=d,
+    in_dim=-(-d // pad_multiple) * pad_multiple,
+    num_actions=int(env.action_space(params).n),
+    max_steps=int(params.max_steps_in_episode),
+  )
 
 
 def preprocess(obs: jax.Array, *, obs_shape: tuple[int, ...], in_dim: int) -> jax.Array:

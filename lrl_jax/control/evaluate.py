@@ -20,8 +20,7 @@ from lrl_jax import quant
 from lrl_jax.control import envs as envs_lib
 from lrl_jax.control import networks as nets
 
-__all__ = ["make_evaluator", "evaluate", "policy_apply", "policy_params", "greedy_actions",
-           "latency_batch1"]
+__all__ = ["make_evaluator", "evaluate", "policy_apply", "policy_params", "greedy_actions", "latency_batch1"]
 
 
 def policy_params(params: dict) -> dict:
@@ -77,16 +76,30 @@ def make_evaluator(env_name: str, apply: Callable, *, num_episodes: int = 32, pa
       alive = jnp.logical_and(alive, jnp.logical_not(jnp.logical_or(term, trunc)))
       return t + 1, state, obs, ret, alive, length
 
-    init = (jnp.zeros((), jnp.int32), state, obs, zeros, jnp.ones((num_episodes,), bool),
-            jnp.zeros((num_episodes,), jnp.int32))
+    init = (
+      jnp.zeros((), jnp.int32),
+      state,
+      obs,
+      zeros,
+      jnp.ones((num_episodes,), bool),
+      jnp.zeros((num_episodes,), jnp.int32),
+    )
     _, _, _, ret, _, length = jax.lax.while_loop(cond, body, init)
     return ret, length
 
   return run
 
 
-def evaluate(policy, *, env_name: str, apply: Callable, num_episodes: int = 32, seed: int = 0,
-             pad_multiple: int = 16, stacked: bool = False):
+def evaluate(
+  policy,
+  *,
+  env_name: str,
+  apply: Callable,
+  num_episodes: int = 32,
+  seed: int = 0,
+  pad_multiple: int = 16,
+  stacked: bool = False,
+):
   """Greedy returns [num_episodes] (or [S, num_episodes] for a seed-stacked `policy`), as numpy.
 
   The same `seed` gives the same episodes (initial states, env randomness) for every policy.
@@ -113,5 +126,8 @@ def latency_batch1(apply: Callable, policy, in_dim: int, *, calls: int = 2000, r
       f(policy, x).block_until_ready()
       ts.append(time.perf_counter() - t0)
   ts = np.asarray(ts) * 1e6
-  return {"median_us": float(np.median(ts)), "p10_us": float(np.percentile(ts, 10)),
-          "p90_us": float(np.percentile(ts, 90))}
+  return {
+    "median_us": float(np.median(ts)),
+    "p10_us": float(np.percentile(ts, 10)),
+    "p90_us": float(np.percentile(ts, 90)),
+  }

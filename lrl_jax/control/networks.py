@@ -44,8 +44,9 @@ def _layers(params) -> list[str]:
   return names
 
 
-def mlp_init(key: jax.Array, sizes: tuple[int, ...], *, in_features: int | None = None,
-             head_scale: float = 1.0) -> dict:
+def mlp_init(
+  key: jax.Array, sizes: tuple[int, ...], *, in_features: int | None = None, head_scale: float = 1.0
+) -> dict:
   """Orthogonal init (gain √2, last layer `head_scale`), zero biases (PureJaxRL / CleanRL practice).
 
   Args:
@@ -83,13 +84,14 @@ def check_spec_fits(params, spec: quant.Int4 | None) -> None:
   for name in _layers(params):
     k = params[name]["kernel"].shape[-2]
     if k % spec.group_size:
-      raise ValueError(f"{spec}: group size {spec.group_size} does not divide K = {k} of {name}/kernel "
-                       f"{tuple(params[name]['kernel'].shape)}; pad the observation (pad_multiple) or "
-                       f"widen the layer to a multiple of {spec.group_size}")
+      raise ValueError(
+        f"{spec}: group size {spec.group_size} does not divide K = {k} of {name}/kernel "
+        f"{tuple(params[name]['kernel'].shape)}; pad the observation (pad_multiple) or "
+        f"widen the layer to a multiple of {spec.group_size}"
+      )
 
 
-def mlp_apply(params, x: jax.Array, *, spec: quant.Int4 | None = None,
-              activation: Activation = "tanh") -> jax.Array:
+def mlp_apply(params, x: jax.Array, *, spec: quant.Int4 | None = None, activation: Activation = "tanh") -> jax.Array:
   """[..., in_dim] -> [..., out_dim] float32; with `spec`, each kernel is fake-quantized (QAT)."""
   act = _act(activation)
   names = _layers(params)
@@ -110,9 +112,13 @@ def deploy(params, spec: quant.Int4) -> dict:
   if spec is None:
     raise ValueError("deploy needs a quant spec (the float policy is the params themselves)")
   check_spec_fits(params, spec)
-  return {name: {"kernel": quant.quantize(params[name]["kernel"], spec, axis=-2),
-                 "bias": jnp.asarray(params[name]["bias"], jnp.float32)}
-          for name in _layers(params)}
+  return {
+    name: {
+      "kernel": quant.quantize(params[name]["kernel"], spec, axis=-2),
+      "bias": jnp.asarray(params[name]["bias"], jnp.float32),
+    }
+    for name in _layers(params)
+  }
 
 
 def served_apply(served, x: jax.Array, *, activation: Activation = "tanh") -> jax.Array:

@@ -52,8 +52,10 @@ class PPOConfig:
       if int(getattr(self, f)) <= 0:
         raise ValueError(f"PPOConfig.{f} must be positive; got {getattr(self, f)}")
     if (self.num_envs * self.num_steps) % self.num_minibatches:
-      raise ValueError(f"PPOConfig: num_envs * num_steps = {self.num_envs * self.num_steps} is not divisible by "
-                       f"num_minibatches = {self.num_minibatches}")
+      raise ValueError(
+        f"PPOConfig: num_envs * num_steps = {self.num_envs * self.num_steps} is not divisible by "
+        f"num_minibatches = {self.num_minibatches}"
+      )
     if self.num_updates < 1:
       raise ValueError(f"PPOConfig: total_steps {self.total_steps} < one rollout ({self.num_envs * self.num_steps})")
     if self.activation not in ("tanh", "relu"):
@@ -75,11 +77,17 @@ def _check_widths(cfg) -> None:
   if cfg.group_size is None:
     return
   spec = quant.Int4(group_size=cfg.group_size)  # validates the group size itself
-  for what, k in [(f"padded observation width ({es.obs_dim} features padded to a multiple of "
-                   f"pad_multiple={cfg.pad_multiple})", es.in_dim)] + [("hidden width", h) for h in cfg.hidden]:
+  for what, k in [
+    (
+      f"padded observation width ({es.obs_dim} features padded to a multiple of pad_multiple={cfg.pad_multiple})",
+      es.in_dim,
+    )
+  ] + [("hidden width", h) for h in cfg.hidden]:
     if k % spec.group_size:
-      raise ValueError(f"{type(cfg).__name__}: group_size {spec.group_size} does not divide the {what} {k}; "
-                       f"use a group size dividing it or set pad_multiple / hidden to multiples of {spec.group_size}")
+      raise ValueError(
+        f"{type(cfg).__name__}: group_size {spec.group_size} does not divide the {what} {k}; "
+        f"use a group size dividing it or set pad_multiple / hidden to multiples of {spec.group_size}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,9 +118,10 @@ def ppo_init(key: jax.Array, cfg: PPOConfig) -> dict:
   """{"actor": MLP in_dim -> hidden -> A (head gain 0.01), "critic": MLP in_dim -> hidden -> 1}."""
   es = envs_lib.env_spec(cfg.env_name, pad_multiple=cfg.pad_multiple)
   ka, kc = jax.random.split(key)
-  return {"actor": nets.mlp_init(ka, (es.in_dim, *cfg.hidden, es.num_actions), in_features=es.obs_dim,
-                                 head_scale=0.01),
-          "critic": nets.mlp_init(kc, (es.in_dim, *cfg.hidden, 1), in_features=es.obs_dim, head_scale=1.0)}
+  return {
+    "actor": nets.mlp_init(ka, (es.in_dim, *cfg.hidden, es.num_actions), in_features=es.obs_dim, head_scale=0.01),
+    "critic": nets.mlp_init(kc, (es.in_dim, *cfg.hidden, 1), in_features=es.obs_dim, head_scale=1.0),
+  }
 
 
 def _track_episodes(ep_ret, reward, done):
@@ -144,8 +153,16 @@ def make_ppo_train(cfg: PPOConfig):
     ones = jnp.ones((1, x.shape[0]), bool)
     adv = losses.normalize_advantages(adv[None], ones)
     ent = losses.entropy_from_logits(logits[None], ones)
-    pg, metrics = losses.ppo_loss(logp[None], old_logp[None], adv, ones, clip_eps_low=cfg.clip_eps,
-                                  clip_eps_high=cfg.clip_eps, entropy=ent, entropy_coef=cfg.ent_coef)
+    pg, metrics = losses.ppo_loss(
+      logp[None],
+      old_logp[None],
+      adv,
+      ones,
+      clip_eps_low=cfg.clip_eps,
+      clip_eps_high=cfg.clip_eps,
+      entropy=ent,
+      entropy_coef=cfg.ent_coef,
+    )
     v = critic(params, x)
     v_clip = old_v + jnp.clip(v - old_v, -cfg.clip_eps, cfg.clip_eps)
     v_loss = 0.5 * jnp.mean(jnp.maximum((v - ret) ** 2, (v_clip - ret) ** 2))
@@ -166,7 +183,8 @@ def make_ppo_train(cfg: PPOConfig):
       action = jax.random.categorical(k_act, logits)
       logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
       obs2, env_state, reward, term, trunc, info = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-          jax.random.split(k_env, cfg.num_envs), env_state, action, env_params)
+        jax.random.split(k_env, cfg.num_envs), env_state, action, env_params
+      )
       reward = reward.astype(jnp.float32)
       done = jnp.logical_or(term, trunc)
       ep_ret, rsum, rcnt = _track_episodes(ep_ret, reward, done)
@@ -179,7 +197,8 @@ def make_ppo_train(cfg: PPOConfig):
     def update(carry, _):
       params, opt_state, env_state, obs, ep_ret, key = carry
       (params, env_state, obs, ep_ret, key), (traj, rsum, rcnt) = jax.lax.scan(
-          env_step, (params, env_state, obs, ep_ret, key), None, cfg.num_steps)
+        env_step, (params, env_state, obs, ep_ret, key), None, cfg.num_steps
+      )
       x, action, logp, value, reward, done = traj
       adv, ret = episodic_gae(reward, value, done, critic(params, pre(obs)), gamma=cfg.gamma, lam=cfg.gae_lambda)
       flat = jax.tree.map(lambda a: a.reshape((batch,) + a.shape[2:]), (x, action, logp, value, adv, ret))

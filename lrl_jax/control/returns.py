@@ -37,8 +37,9 @@ def episodic_gae(rewards, values, dones, last_value, *, gamma: float = 0.99, lam
     if jnp.ndim(a) != 2:
       raise ValueError(f"episodic_gae: {name} must be [T, E]; got shape {jnp.shape(a)}")
   if jnp.shape(rewards) != jnp.shape(values) or jnp.shape(rewards) != jnp.shape(dones):
-    raise ValueError(f"episodic_gae: rewards {jnp.shape(rewards)}, values {jnp.shape(values)}, dones "
-                     f"{jnp.shape(dones)} differ")
+    raise ValueError(
+      f"episodic_gae: rewards {jnp.shape(rewards)}, values {jnp.shape(values)}, dones {jnp.shape(dones)} differ"
+    )
   if jnp.shape(last_value) != jnp.shape(rewards)[1:]:
     raise ValueError(f"episodic_gae: last_value must be [E] = {jnp.shape(rewards)[1:]}; got {jnp.shape(last_value)}")
   r = jnp.asarray(rewards, jnp.float32)
@@ -72,9 +73,15 @@ def dqn_targets(q_next_target, rewards, dones, *, gamma: float = 0.99, q_next_on
     [B] float32, no gradient.
   """
   q_next_target = jnp.asarray(q_next_target, jnp.float32)
-  if q_next_target.ndim != 2 or jnp.shape(rewards) != q_next_target.shape[:1] or jnp.shape(dones) != q_next_target.shape[:1]:
-    raise ValueError(f"dqn_targets: q_next_target must be [B, A] and rewards, dones [B]; got "
-                     f"{q_next_target.shape}, {jnp.shape(rewards)}, {jnp.shape(dones)}")
+  if (
+    q_next_target.ndim != 2
+    or jnp.shape(rewards) != q_next_target.shape[:1]
+    or jnp.shape(dones) != q_next_target.shape[:1]
+  ):
+    raise ValueError(
+      f"dqn_targets: q_next_target must be [B, A] and rewards, dones [B]; got "
+      f"{q_next_target.shape}, {jnp.shape(rewards)}, {jnp.shape(dones)}"
+    )
   if q_next_online is None:
     boot = jnp.max(q_next_target, axis=-1)
   else:

@@ -41,9 +41,11 @@ def abstract_state(state_or_shapes, shardings=None):
   """
   if shardings is None:
     return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), state_or_shapes)
-  return jax.tree_util.tree_map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                state_or_shapes, shardings)
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), state_or_shapes
+    )
+  return jax.tree_util.tree_map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state_or_shapes, shardings
+  )
 
 
 class Checkpointer:
@@ -57,8 +59,9 @@ class Checkpointer:
     async_save: write in a background thread (call `wait()` before exiting); default off.
   """
 
-  def __init__(self, directory: str | os.PathLike, *, save_every: int = 100, max_to_keep: int | None = 3,
-               async_save: bool = False):
+  def __init__(
+    self, directory: str | os.PathLike, *, save_every: int = 100, max_to_keep: int | None = 3, async_save: bool = False
+  ):
     if not isinstance(save_every, int) or save_every < 1:
       raise ValueError(f"Checkpointer.save_every must be a positive int; got {save_every!r}")
     if max_to_keep is not None and (not isinstance(max_to_keep, int) or max_to_keep < 1):
@@ -66,8 +69,9 @@ class Checkpointer:
     self.directory = os.path.abspath(os.fspath(directory))
     self.save_every = save_every
     # The interval is decided here (step % save_every == 0); orbax's own would also save the first step.
-    options = ocp.CheckpointManagerOptions(save_interval_steps=1, max_to_keep=max_to_keep,
-                                           enable_async_checkpointing=async_save, create=True)
+    options = ocp.CheckpointManagerOptions(
+      save_interval_steps=1, max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+    )
     self._mngr = ocp.CheckpointManager(self.directory, options=options)
 
   def maybe_save(self, state: TrainState, *, force: bool = False) -> bool:

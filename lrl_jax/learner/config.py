@@ -28,8 +28,7 @@ from lrl_jax.losses import AggMode, KLEstimator
 from lrl_jax.models import LoraConfig
 from lrl_jax.schema import Schema, check_regex, set_by
 
-__all__ = ["LearnerConfig", "CorrectionConfig", "ValueConfig", "POLICY_LOSSES", "CORRECTIONS",
-           "UNQUANTIZED_DELTA"]
+__all__ = ["LearnerConfig", "CorrectionConfig", "ValueConfig", "POLICY_LOSSES", "CORRECTIONS", "UNQUANTIZED_DELTA"]
 
 _DTYPE = Literal["float32", "bfloat16"]
 PolicyLoss = Literal["grpo", "ppo", "gspo"]
@@ -52,7 +51,7 @@ class CorrectionConfig(Schema):
   section: ClassVar[str] = "learner.correction"
 
   method: Correction = "none"  # none, truncated IS (tis), masked IS (mis) or adaptive control (acrl)
-  level: Literal["token", "sequence", "geometric"] | None = None  # tis: token | sequence; mis: + geometric; null: the first
+  level: Literal["token", "sequence", "geometric"] | None = None  # tis: token | sequence; mis: + geometric; null: 1st
   clip_c: float = 2.0  # C: TIS truncation min(π_old/μ, C) and ACRL's clip of ρ
   batch_normalize: bool = False  # tis: rescale the weights to mean 1 over the batch
   lo: float = 0.5  # mis: keep a sample iff lo <= ρ <= hi
@@ -64,8 +63,11 @@ class CorrectionConfig(Schema):
   def _validate(self):
     valid = _LEVELS[self.method]
     if valid:
-      self._check(self.level is None or self.level in valid, "level",
-                  f"must be one of {', '.join(valid)} for method {self.method}")
+      self._check(
+        self.level is None or self.level in valid,
+        "level",
+        f"must be one of {', '.join(valid)} for method {self.method}",
+      )
     else:
       self._check(self.level is None, "level", f"must be null for method {self.method}")
     self._check(self.clip_c > 1, "clip_c", "must be > 1 (a truncation below 1 would down-weight on-policy tokens)")
@@ -97,11 +99,17 @@ class ValueConfig(Schema):
   def _validate(self):
     self._check(self.delta0 > 0, "delta0", "must be > 0")
     b = self.boundaries
-    self._check(all(x > 0 for x in b) and all(x < y for x, y in zip(b, b[1:])), "boundaries",
-                "must be positive and strictly increasing")
+    self._check(
+      all(x > 0 for x in b) and all(x < y for x, y in zip(b, b[1:])),
+      "boundaries",
+      "must be positive and strictly increasing",
+    )
     self._check(0 <= self.alpha <= 1, "alpha", "must be in [0, 1]")
-    self._check(len(self.quantile_levels) >= 1 and all(0 < t < 1 for t in self.quantile_levels),
-                "quantile_levels", "must be one or more levels in (0, 1)")
+    self._check(
+      len(self.quantile_levels) >= 1 and all(0 < t < 1 for t in self.quantile_levels),
+      "quantile_levels",
+      "must be one or more levels in (0, 1)",
+    )
     self._check(0 <= self.beta <= 1, "beta", "must be in [0, 1]")
     self._check(self.coef >= 0, "coef", "must be >= 0")
     self._check(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
@@ -118,7 +126,9 @@ class ValueConfig(Schema):
     if not self.quantized or self.schedule != "step":
       return jnp.float32(1.0)
     n = len(self.boundaries)
-    return losses.delta_multiplier(step, boundaries=self.boundaries, multipliers=tuple(float(n + 1 - i) for i in range(n + 1)))
+    return losses.delta_multiplier(
+      step, boundaries=self.boundaries, multipliers=tuple(float(n + 1 - i) for i in range(n + 1))
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,7 +161,7 @@ class LearnerConfig(Schema):
   qat_init: Literal["default", "grid"] = "default"  # grid: start the quantized kernels on their own INT4 grid
   int4_update_clip: float | None = None  # k: no INT4 weight moves more than k grid steps per update; null = off
   policy_loss: PolicyLoss = "grpo"  # grpo: group advantages; ppo: GAE on a critic (learner.value); gspo: sequence ratio
-  advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # group baseline of grpo / gspo: (r − mean)/std, r − mean, leave-one-out
+  advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"  # group baseline: (r − mean)/std, r − mean, leave-one-out
   clip_eps_low: float | None = None  # ratio clip below 1 − ε_low; null = the loss's default (0.2; gspo 3e-4)
   clip_eps_high: float | None = None  # ratio clip above 1 + ε_high; null = the loss's default (0.28; gspo 4e-4)
   dual_clip_c: float | None = None  # dual-clip bound c > 1 for negative advantages (grpo / ppo); null = off
@@ -174,24 +184,39 @@ class LearnerConfig(Schema):
     self._check(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
     self._check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]")
     if self.schedule == "cosine":
-      self._check(isinstance(self.total_steps, int) and self.total_steps > self.warmup_steps, "total_steps",
-                  f"must be an int > warmup_steps={self.warmup_steps} for schedule=cosine")
+      self._check(
+        isinstance(self.total_steps, int) and self.total_steps > self.warmup_steps,
+        "total_steps",
+        f"must be an int > warmup_steps={self.warmup_steps} for schedule=cosine",
+      )
     else:
-      self._check(self.total_steps is None or (isinstance(self.total_steps, int) and self.total_steps > 0),
-                  "total_steps", "must be a positive int or None")
+      self._check(
+        self.total_steps is None or (isinstance(self.total_steps, int) and self.total_steps > 0),
+        "total_steps",
+        "must be a positive int or None",
+      )
     self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
     self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
-    self._check(self.qat is None or isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)), "qat",
-                "must be None or a quant spec (Int4, FP8, MXFP8, NVFP4); from YAML it is quant.learner")
+    self._check(
+      self.qat is None or isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)),
+      "qat",
+      "must be None or a quant spec (Int4, FP8, MXFP8, NVFP4); from YAML it is quant.learner",
+    )
     check_regex(self, "qat_targets")
     self._check(self.qat_start_step >= 0, "qat_start_step", "must be >= 0")
     self._check(self.qat_warmup_steps >= 0, "qat_warmup_steps", "must be >= 0")
-    self._check(self.qat_init == "default" or self.qat is not None, "qat_init",
-                "needs a QAT learner (quant.learner, i.e. LearnerConfig.qat)")
+    self._check(
+      self.qat_init == "default" or self.qat is not None,
+      "qat_init",
+      "needs a QAT learner (quant.learner, i.e. LearnerConfig.qat)",
+    )
     if self.int4_update_clip is not None:
       self._check(self.int4_update_clip > 0, "int4_update_clip", "must be > 0 or null")
-      self._check(isinstance(self.qat, quant.Int4), "int4_update_clip",
-                  f"needs an INT4 QAT learner (quant.learner=int4); the learner's QAT is {self.qat!r}")
+      self._check(
+        isinstance(self.qat, quant.Int4),
+        "int4_update_clip",
+        f"needs an INT4 QAT learner (quant.learner=int4); the learner's QAT is {self.qat!r}",
+      )
     for name in ("clip_eps_low", "clip_eps_high"):
       self._check(getattr(self, name) is None or getattr(self, name) > 0, name, "must be > 0 or null")
     self._check(self.clip_eps_low is None or self.clip_eps_low < 1, "clip_eps_low", "must be < 1")
@@ -201,14 +226,20 @@ class LearnerConfig(Schema):
     self._check(self.norm_len is None or self.norm_len > 0, "norm_len", "must be > 0 or null")
     self._check(self.kl_coef >= 0, "kl_coef", "must be >= 0")
     self._check(self.entropy_coef >= 0, "entropy_coef", "must be >= 0")
-    self._check(self.entropy_coef == 0 or self.policy_loss != "gspo", "entropy_coef",
-                "must be 0 for policy_loss=gspo (gspo_loss has no entropy bonus)")
-    self._check(all(m == -1 or m >= 1 for m in self.mesh) and list(self.mesh).count(-1) <= 1, "mesh",
-                "must hold sizes >= 1 and at most one -1")
+    self._check(
+      self.entropy_coef == 0 or self.policy_loss != "gspo",
+      "entropy_coef",
+      "must be 0 for policy_loss=gspo (gspo_loss has no entropy bonus)",
+    )
+    self._check(
+      all(m == -1 or m >= 1 for m in self.mesh) and list(self.mesh).count(-1) <= 1,
+      "mesh",
+      "must hold sizes >= 1 and at most one -1",
+    )
 
   @property
   def trainable(self) -> str:
-    """"full" (the fp32 masters) or "lora" (adapters over the frozen base): `TrainState.trainable`."""
+    """ "full" (the fp32 masters) or "lora" (adapters over the frozen base): `TrainState.trainable`."""
     return "full" if self.lora is None else "lora"
 
   @property

@@ -28,41 +28,51 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from lrl_jax import quant
 from lrl_jax.models import Lora, lora_logical_axes, param_logical_axes
 
 __all__ = [
-    "MESH_AXES", "PARAM_RULES", "ACTIVATION_RULES", "make_mesh", "logical_to_spec", "param_shardings",
-    "lora_shardings", "replicated", "batch_sharding", "shard_batch", "activation_rules",
+  "MESH_AXES",
+  "PARAM_RULES",
+  "ACTIVATION_RULES",
+  "make_mesh",
+  "logical_to_spec",
+  "param_shardings",
+  "lora_shardings",
+  "replicated",
+  "batch_sharding",
+  "shard_batch",
+  "activation_rules",
 ]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical name -> mesh axes, for parameters (fp32 masters, their optimizer moments, adapters).
 PARAM_RULES: tuple[tuple[str, Any], ...] = (
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("layers", None),
-    ("head_dim", None),
+  ("embed", "fsdp"),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("layers", None),
+  ("head_dim", None),
 )
 
 # Logical name -> mesh axes, for activations (`with_logical_constraint` inside the forward).
 ACTIVATION_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("embed", None),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("head_dim", None),
-    ("layers", None),
-    ("cache_length", None),
+  ("batch", ("data", "fsdp")),
+  ("length", None),
+  ("embed", None),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("head_dim", None),
+  ("layers", None),
+  ("cache_length", None),
 )
 
 
@@ -95,8 +105,9 @@ def _axis_size(mesh: Mesh, axes) -> int:
   return math.prod(mesh.shape[a] for a in axes)
 
 
-def logical_to_spec(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                    rules: Sequence[tuple[str, Any]] = PARAM_RULES) -> P:
+def logical_to_spec(
+  names: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Sequence[tuple[str, Any]] = PARAM_RULES
+) -> P:
   """Logical names of an array's dimensions -> a PartitionSpec on `mesh`.
 
   Each name takes the mesh axes of its rule, unless a previous dimension of the same array
@@ -133,8 +144,11 @@ def _shardings_from_names(abstract, names_tree, mesh: Mesh, rules):
   def one(names, leaf):
     if isinstance(leaf, quant.QArray):
       return jax.tree_util.tree_map(
-          lambda n, a: NamedSharding(mesh, logical_to_spec(n[:a.ndim] if len(n) > a.ndim else n, a.shape, mesh, rules)),
-          names, leaf, is_leaf=_is_names)
+        lambda n, a: NamedSharding(mesh, logical_to_spec(n[: a.ndim] if len(n) > a.ndim else n, a.shape, mesh, rules)),
+        names,
+        leaf,
+        is_leaf=_is_names,
+      )
     return NamedSharding(mesh, logical_to_spec(names, leaf.shape, mesh, rules))
 
   return jax.tree_util.tree_map(one, names_tree, abstract, is_leaf=lambda x: _is_names(x) or is_leaf(x))
@@ -159,7 +173,9 @@ def param_shardings(abstract_params, mesh: Mesh, rules: Sequence[tuple[str, Any]
 def lora_shardings(abstract_lora: Lora, mesh: Mesh, rules: Sequence[tuple[str, Any]] = PARAM_RULES) -> Lora:
   """NamedShardings for LoRA adapters (A: (layers, K-axis, None), B: (layers, None, N-axis))."""
   names = lora_logical_axes(abstract_lora)
-  return Lora(params=_shardings_from_names(abstract_lora.params, names.params, mesh, rules), config=abstract_lora.config)
+  return Lora(
+    params=_shardings_from_names(abstract_lora.params, names.params, mesh, rules), config=abstract_lora.config
+  )
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -172,12 +188,15 @@ def shard_batch(batch, mesh: Mesh):
 
   Multi-host: build each array with `jax.make_array_from_process_local_data` instead (multihost.py).
   """
+
   def put(x):
     n = _axis_size(mesh, ("data", "fsdp"))
     if x.shape[0] % n:
-      raise ValueError(f"shard_batch: batch dimension {x.shape[0]} (array shape {x.shape}) is not divisible by "
-                       f"data*fsdp = {n}")
+      raise ValueError(
+        f"shard_batch: batch dimension {x.shape[0]} (array shape {x.shape}) is not divisible by data*fsdp = {n}"
+      )
     return jax.device_put(x, batch_sharding(mesh, x.ndim))
+
   return jax.tree_util.tree_map(put, batch)
 
 

@@ -36,8 +36,13 @@ import jax
 __all__ = ["initialize_distributed"]
 
 
-def initialize_distributed(*, coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None, local_device_ids=None) -> bool:
+def initialize_distributed(
+  *,
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  local_device_ids=None,
+) -> bool:
   """Connects this process to the others (`jax.distributed.initialize`); returns whether it did.
 
   Arguments default to LRL_JAX_COORDINATOR, LRL_JAX_NUM_PROCESSES, LRL_JAX_PROCESS_ID. With none of
@@ -55,15 +60,22 @@ def initialize_distributed(*, coordinator_address: str | None = None, num_proces
     process_id = int(env["LRL_JAX_PROCESS_ID"])
   given = [coordinator_address is not None, num_processes is not None, process_id is not None]
   if any(given) and not all(given):
-    raise ValueError("initialize_distributed: give coordinator_address, num_processes and process_id together "
-                     f"(got coordinator={coordinator_address!r}, num_processes={num_processes!r}, "
-                     f"process_id={process_id!r})")
+    raise ValueError(
+      "initialize_distributed: give coordinator_address, num_processes and process_id together "
+      f"(got coordinator={coordinator_address!r}, num_processes={num_processes!r}, "
+      f"process_id={process_id!r})"
+    )
   if all(given):
     if num_processes < 1 or not 0 <= process_id < num_processes:
-      raise ValueError(f"initialize_distributed: need 0 <= process_id < num_processes; got {process_id}, "
-                       f"{num_processes}")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, local_device_ids=local_device_ids)
+      raise ValueError(
+        f"initialize_distributed: need 0 <= process_id < num_processes; got {process_id}, {num_processes}"
+      )
+    jax.distributed.initialize(
+      coordinator_address=coordinator_address,
+      num_processes=num_processes,
+      process_id=process_id,
+      local_device_ids=local_device_ids,
+    )
     return True
   auto = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
   if any(k in env for k in auto):

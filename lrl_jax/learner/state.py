@@ -20,7 +20,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from lrl_jax import quant
 from lrl_jax.learner.config import LearnerConfig
@@ -28,8 +29,16 @@ from lrl_jax.learner.mesh import lora_shardings, param_shardings
 from lrl_jax.losses import ACRLState, acrl_init, value_head_init
 from lrl_jax.models import Lora, ModelConfig, init_lora, init_params
 
-__all__ = ["TrainState", "make_schedule", "make_optimizer", "trainable_params", "replace_trainable",
-           "create_train_state", "state_shardings", "step_key"]
+__all__ = [
+  "TrainState",
+  "make_schedule",
+  "make_optimizer",
+  "trainable_params",
+  "replace_trainable",
+  "create_train_state",
+  "state_shardings",
+  "step_key",
+]
 
 
 @flax.struct.dataclass
@@ -81,19 +90,27 @@ def replace_trainable(state: TrainState, t: dict) -> TrainState:
 def make_schedule(cfg: LearnerConfig) -> optax.Schedule:
   """Learning rate vs applied updates: linear warmup 0 -> lr over warmup_steps, then constant or cosine."""
   if cfg.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
-                                              decay_steps=cfg.total_steps, end_value=cfg.lr * cfg.min_lr_ratio)
+    return optax.warmup_cosine_decay_schedule(
+      init_value=0.0,
+      peak_value=cfg.lr,
+      warmup_steps=cfg.warmup_steps,
+      decay_steps=cfg.total_steps,
+      end_value=cfg.lr * cfg.min_lr_ratio,
+    )
   if cfg.warmup_steps == 0:
     return optax.constant_schedule(cfg.lr)
-  return optax.join_schedules([optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)],
-                              [cfg.warmup_steps])
+  return optax.join_schedules(
+    [optax.linear_schedule(0.0, cfg.lr, cfg.warmup_steps), optax.constant_schedule(cfg.lr)], [cfg.warmup_steps]
+  )
 
 
 def _decay_mask(tree):
   """True for kernels, embeddings and LoRA factors; False for norm scales, biases, Δ."""
+
   def visit(kp, _):
     last = getattr(kp[-1], "key", None) if kp else None
     return last in ("kernel", "embedding", "a", "b")
+
   return jax.tree_util.tree_map_with_path(visit, tree)
 
 
@@ -101,8 +118,18 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay on matrices, mu_dtype)
   [-> int4_update_clip(k): no INT4 weight moves more than k steps of its group's grid per update]."""
   parts = [] if cfg.grad_clip is None else [optax.clip_by_global_norm(cfg.grad_clip)]
-  parts.append(optax.adamw(make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
-                           mu_dtype=jnp.dtype(cfg.opt_state_dtype), mask=_decay_mask, nesterov=cfg.nesterov))
+  parts.append(
+    optax.adamw(
+      make_schedule(cfg),
+      b1=cfg.b1,
+      b2=cfg.b2,
+      eps=cfg.eps,
+      weight_decay=cfg.weight_decay,
+      mu_dtype=jnp.dtype(cfg.opt_state_dtype),
+      mask=_decay_mask,
+      nesterov=cfg.nesterov,
+    )
+  )
   if cfg.int4_update_clip is not None:
     parts.append(quant.int4_update_clip(cfg.qat_rules, k=cfg.int4_update_clip))
   return optax.chain(*parts)
@@ -128,25 +155,43 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh, cfg: LearnerConfig) 
   t_shard = {"policy": policy}
   if abstract_state.value_head is not None:
     t_shard["value_head"] = repl(abstract_state.value_head)
-  opt = optax.tree_map_params(make_optimizer(cfg), lambda _, s: s, abstract_state.opt_state, t_shard,
-                              transform_non_params=lambda _: rep, is_leaf=lambda x: isinstance(x, NamedSharding))
-  return TrainState(step=rep, params=base, opt_state=opt, rng=rep, acrl=repl(abstract_state.acrl), skipped=rep,
-                    skipped_in_row=rep, lora=lora,
-                    value_head=None if abstract_state.value_head is None else t_shard["value_head"],
-                    trainable=abstract_state.trainable)
+  opt = optax.tree_map_params(
+    make_optimizer(cfg),
+    lambda _, s: s,
+    abstract_state.opt_state,
+    t_shard,
+    transform_non_params=lambda _: rep,
+    is_leaf=lambda x: isinstance(x, NamedSharding),
+  )
+  return TrainState(
+    step=rep,
+    params=base,
+    opt_state=opt,
+    rng=rep,
+    acrl=repl(abstract_state.acrl),
+    skipped=rep,
+    skipped_in_row=rep,
+    lora=lora,
+    value_head=None if abstract_state.value_head is None else t_shard["value_head"],
+    trainable=abstract_state.trainable,
+  )
 
 
 def _f32_masters(params):
   def cast(x):
     if isinstance(x, quant.QArray):
-      raise ValueError("create_train_state: full training needs float parameters; got a QArray leaf "
-                       "(train LoRA adapters over a served base: LearnerConfig(lora=LoraConfig(...)))")
+      raise ValueError(
+        "create_train_state: full training needs float parameters; got a QArray leaf "
+        "(train LoRA adapters over a served base: LearnerConfig(lora=LoraConfig(...)))"
+      )
     return x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
   return jax.tree_util.tree_map(cast, params, is_leaf=lambda x: isinstance(x, quant.QArray))
 
 
-def create_train_state(key: jax.Array, model_cfg: ModelConfig, cfg: LearnerConfig, *, mesh: Mesh | None = None,
-                       params=None) -> TrainState:
+def create_train_state(
+  key: jax.Array, model_cfg: ModelConfig, cfg: LearnerConfig, *, mesh: Mesh | None = None, params=None
+) -> TrainState:
   """Builds the state: eval_shape(init) -> `state_shardings` -> jit(init, out_shardings=...).
 
   What it holds follows `cfg`: LoRA adapters over a frozen `params` when `cfg.lora` is set (else the fp32
@@ -198,12 +243,22 @@ def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh: Mesh | None, fres
     adapters = None if lora is None else init_lora(model_cfg, lora, k_lora)
     vh = None
     if cfg.critic:
-      vh = value_head_init(k_value, model_cfg.hidden_size, delta0=cfg.value.initial_delta,
-                           num_quantiles=len(cfg.value.quantile_levels))
+      vh = value_head_init(
+        k_value, model_cfg.hidden_size, delta0=cfg.value.initial_delta, num_quantiles=len(cfg.value.quantile_levels)
+      )
     acrl = acrl_init() if acrl_x is None else acrl_init(acrl_x)
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=None, rng=k_rng, acrl=acrl,
-                       skipped=jnp.zeros((), jnp.int32), skipped_in_row=jnp.zeros((), jnp.int32), lora=adapters,
-                       value_head=vh, trainable=cfg.trainable)
+    state = TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=None,
+      rng=k_rng,
+      acrl=acrl,
+      skipped=jnp.zeros((), jnp.int32),
+      skipped_in_row=jnp.zeros((), jnp.int32),
+      lora=adapters,
+      value_head=vh,
+      trainable=cfg.trainable,
+    )
     return state.replace(opt_state=tx.init(trainable_params(state)))
 
   if mesh is None:

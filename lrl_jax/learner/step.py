@@ -37,15 +37,31 @@ from jax.sharding import Mesh
 from lrl_jax import losses, quant
 from lrl_jax.learner.config import LearnerConfig, ValueConfig
 from lrl_jax.learner.mesh import activation_rules, batch_sharding
-from lrl_jax.learner.state import (TrainState, make_optimizer, make_schedule, replace_trainable, state_shardings,
-                                   trainable_params)
+from lrl_jax.learner.state import (
+  TrainState,
+  make_optimizer,
+  make_schedule,
+  replace_trainable,
+  state_shardings,
+  trainable_params,
+)
 from lrl_jax.losses import Max, Mean
 from lrl_jax.models import ACTIVATION_AXES, Lora, ModelConfig, Numerics, forward_hidden, logits_from_hidden
 from lrl_jax.rollout import Rollout
 
-__all__ = ["logprobs_from_logits", "token_logprobs", "group_advantages", "gae_targets", "needs_old_logp",
-           "prepare_rollout",
-           "train_step", "learned_qat_start", "restarts_learned_scales", "NonFiniteGuard", "NonFiniteError"]
+__all__ = [
+  "logprobs_from_logits",
+  "token_logprobs",
+  "group_advantages",
+  "gae_targets",
+  "needs_old_logp",
+  "prepare_rollout",
+  "train_step",
+  "learned_qat_start",
+  "restarts_learned_scales",
+  "NonFiniteGuard",
+  "NonFiniteError",
+]
 
 
 # --------------------------------------------------------------------------- log-probs
@@ -109,16 +125,31 @@ def _numerics(cfg: LearnerConfig, qat_alpha) -> Numerics:
 
 def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
   """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
-  h, _ = forward_hidden(params, r.tokens, mcfg, positions_BT=r.positions, valid_BT=r.valid,
-                        numerics=_numerics(cfg, cfg.qat_alpha(step)), lora=lora, remat=cfg.remat)
+  h, _ = forward_hidden(
+    params,
+    r.tokens,
+    mcfg,
+    positions_BT=r.positions,
+    valid_BT=r.valid,
+    numerics=_numerics(cfg, cfg.qat_alpha(step)),
+    lora=lora,
+    remat=cfg.remat,
+  )
   logits = nn.with_logical_constraint(logits_from_hidden(params, h, mcfg), ACTIVATION_AXES["logits_BTV"])
   out = logprobs_from_logits(logits, r.tokens, r.valid, with_entropy=with_entropy)
   return (out if with_entropy else (out, None)) + (h,)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg"))
-def token_logprobs(params, rollout: Rollout, model_cfg: ModelConfig, *, cfg: LearnerConfig | None = None,
-                   lora: Lora | None = None, step=None) -> jax.Array:
+def token_logprobs(
+  params,
+  rollout: Rollout,
+  model_cfg: ModelConfig,
+  *,
+  cfg: LearnerConfig | None = None,
+  lora: Lora | None = None,
+  step=None,
+) -> jax.Array:
   """log π(tokens[b, t] | tokens before) [B, T] f32 under the learner's numerics (compute dtype, QAT).
 
   Args:
@@ -133,8 +164,15 @@ def token_logprobs(params, rollout: Rollout, model_cfg: ModelConfig, *, cfg: Lea
   mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
   cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
   alpha = None if step is None else cfg.qat_alpha(step)
-  h, _ = forward_hidden(params, rollout.tokens, mcfg, positions_BT=rollout.positions, valid_BT=rollout.valid,
-                        numerics=_numerics(cfg, alpha), lora=lora)
+  h, _ = forward_hidden(
+    params,
+    rollout.tokens,
+    mcfg,
+    positions_BT=rollout.positions,
+    valid_BT=rollout.valid,
+    numerics=_numerics(cfg, alpha),
+    lora=lora,
+  )
   return logprobs_from_logits(logits_from_hidden(params, h, mcfg), rollout.tokens, rollout.valid)
 
 
@@ -178,8 +216,9 @@ def _adapters(state_like: TrainState, policy) -> tuple[Any, Lora | None]:
 
 def group_advantages(rewards_B, cfg: LearnerConfig, *, group_size: int) -> jax.Array:
   """f32 [B] outcome advantages of the group estimator `cfg.advantage` (groups of `group_size` contiguous rows)."""
-  fn = {"grpo": losses.grpo_advantages, "dr_grpo": losses.dr_grpo_advantages,
-        "rloo": losses.rloo_advantages}[cfg.advantage]
+  fn = {"grpo": losses.grpo_advantages, "dr_grpo": losses.dr_grpo_advantages, "rloo": losses.rloo_advantages}[
+    cfg.advantage
+  ]
   return fn(jnp.asarray(rewards_B, jnp.float32), group_size=group_size)
 
 
@@ -207,8 +246,9 @@ def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> t
   B, T = mask.shape
   last = T - 1 - jnp.argmax(mask[:, ::-1], axis=1)
   has = jnp.any(mask, axis=1)
-  r_BT = jnp.zeros((B, T), jnp.float32).at[jnp.arange(B), last].set(
-      jnp.where(has, jnp.asarray(rewards_B, jnp.float32), 0.0))
+  r_BT = (
+    jnp.zeros((B, T), jnp.float32).at[jnp.arange(B), last].set(jnp.where(has, jnp.asarray(rewards_B, jnp.float32), 0.0))
+  )
   adv, ret = losses.gae_advantages(r_BT, v_state, mask, gamma=vcfg.gamma, lam=vcfg.lam)
   if vcfg.beta < 1:
     adv = losses.smooth_advantages(adv, mask, beta=vcfg.beta)
@@ -229,9 +269,16 @@ def needs_old_logp(cfg: LearnerConfig) -> bool:
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "with_old_logp"))
-def prepare_rollout(state: TrainState, rollout: Rollout, ref_params=None, *, model_cfg: ModelConfig,
-                    cfg: LearnerConfig, mesh: Mesh | None = None,
-                    with_old_logp: bool | None = None) -> tuple[Rollout, dict[str, jax.Array]]:
+def prepare_rollout(
+  state: TrainState,
+  rollout: Rollout,
+  ref_params=None,
+  *,
+  model_cfg: ModelConfig,
+  cfg: LearnerConfig,
+  mesh: Mesh | None = None,
+  with_old_logp: bool | None = None,
+) -> tuple[Rollout, dict[str, jax.Array]]:
   """Fills in what the learner needs before its updates, on device: the fields of `rollout` that are None.
 
   * advantages: `group_advantages` of the rewards (grpo / gspo), or GAE on the critic (`gae_targets`, ppo; with
@@ -254,8 +301,9 @@ def prepare_rollout(state: TrainState, rollout: Rollout, ref_params=None, *, mod
   want_values = cfg.critic and rollout.values is None
   want_ref = ref_params is not None and rollout.ref_logp is None
   if cfg.critic and state.value_head is None:
-    raise ValueError("prepare_rollout: policy_loss=ppo needs a state with a value head (create_train_state with "
-                     "the same config)")
+    raise ValueError(
+      "prepare_rollout: policy_loss=ppo needs a state with a value head (create_train_state with the same config)"
+    )
   mcfg = _compute_cfg(model_cfg, cfg)
   M = cfg.micro_batches
   _check_micro(rollout.size, M)
@@ -290,8 +338,9 @@ def prepare_rollout(state: TrainState, rollout: Rollout, ref_params=None, *, mod
       rollout = rollout.replace(advantages=group_advantages(rollout.rewards, cfg, group_size=rollout.group_size))
   metrics = {}
   if rollout.old_logp is not None:
-    metrics = {f"mismatch/{k}": v for k, v in _mismatch(rollout.old_logp, rollout.sampler_logp,
-                                                        rollout.loss_mask).items()}
+    metrics = {
+      f"mismatch/{k}": v for k, v in _mismatch(rollout.old_logp, rollout.sampler_logp, rollout.loss_mask).items()
+    }
   if mesh is not None:
     rollout = jax.tree_util.tree_map(lambda x: lax.with_sharding_constraint(x, batch_sharding(mesh, x.ndim)), rollout)
   return rollout, metrics
@@ -336,23 +385,38 @@ def _micro_loss(trainable, state: TrainState, mb: Rollout, weights, denom, mcfg,
   logp, ent, h = _policy(params, lora, mb, mcfg, cfg, step=state.step, with_entropy=True)
   mask = mb.loss_mask
   old = lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
-  common = dict(agg=cfg.agg, norm_len=cfg.norm_len, denom=denom, token_weights=weights, ref_logp=mb.ref_logp,
-                kl_coef=cfg.kl_coef, kl_estimator=cfg.kl_estimator,
-                **_given(clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high))
+  common = dict(
+    agg=cfg.agg,
+    norm_len=cfg.norm_len,
+    denom=denom,
+    token_weights=weights,
+    ref_logp=mb.ref_logp,
+    kl_coef=cfg.kl_coef,
+    kl_estimator=cfg.kl_estimator,
+    **_given(clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high),
+  )
   if cfg.policy_loss == "gspo":
     loss, metrics = losses.gspo_loss(logp, old, mb.advantages, mask, **common)
     m = jnp.asarray(mask).astype(bool)
     metrics["entropy"] = Mean(jnp.sum(jnp.where(m, lax.stop_gradient(ent), 0.0)), jnp.sum(m).astype(jnp.float32))
   else:  # grpo and ppo: the clipped surrogate (PPO / GRPO / DAPO / Dr.GRPO, by agg), on their advantages
-    loss, metrics = losses.ppo_loss(logp, old, mb.advantages, mask, dual_clip_c=cfg.dual_clip_c, entropy=ent,
-                                    entropy_coef=cfg.entropy_coef, **common)
+    loss, metrics = losses.ppo_loss(
+      logp, old, mb.advantages, mask, dual_clip_c=cfg.dual_clip_c, entropy=ent, entropy_coef=cfg.entropy_coef, **common
+    )
   sums = {"policy_loss": lax.stop_gradient(loss)}  # micro-batch losses sum to the batch loss (global denom)
   if "value_head" in trainable and mb.returns is not None:
     # The critic reads the trunk's features detached: its loss trains the head only.
     v, _ = losses.value_head_apply(trainable["value_head"], lax.stop_gradient(h), delta_mult=delta_mult)
-    vl, vm = losses.value_loss(v, mb.returns, mask, alpha=cfg.value.alpha,
-                               quantile_levels=cfg.value.quantile_levels, agg=cfg.agg, norm_len=cfg.norm_len,
-                               denom=denom)
+    vl, vm = losses.value_loss(
+      v,
+      mb.returns,
+      mask,
+      alpha=cfg.value.alpha,
+      quantile_levels=cfg.value.quantile_levels,
+      agg=cfg.agg,
+      norm_len=cfg.norm_len,
+      denom=denom,
+    )
     loss = loss + cfg.value.coef * vl
     metrics.update({f"value/{k}": x for k, x in vm.items()})
     sums["value/loss"] = lax.stop_gradient(vl)
@@ -390,8 +454,15 @@ def learned_qat_start(params, cfg: LearnerConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh"), donate_argnames=("state",))
-def train_step(state: TrainState, rollout: Rollout, *, model_cfg: ModelConfig, cfg: LearnerConfig,
-               mesh: Mesh | None = None, rows=None) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+  state: TrainState,
+  rollout: Rollout,
+  *,
+  model_cfg: ModelConfig,
+  cfg: LearnerConfig,
+  mesh: Mesh | None = None,
+  rows=None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on `rollout` (or on its rows `rows`; the state is donated: its buffers are reused).
 
   loss = policy loss (clipped surrogate for grpo / ppo, GSPO for gspo, with `cfg.agg`, KL and entropy terms,
@@ -433,8 +504,9 @@ def train_step(state: TrainState, rollout: Rollout, *, model_cfg: ModelConfig, c
   tx = make_optimizer(cfg)
   if restarts_learned_scales(state, cfg):
     # QAT switched on late: learned INT4 scales start from the weights of this step, not of step 0.
-    params = lax.cond(state.step == cfg.qat_start_step, functools.partial(learned_qat_start, cfg=cfg),
-                      lambda p: p, state.params)
+    params = lax.cond(
+      state.step == cfg.qat_start_step, functools.partial(learned_qat_start, cfg=cfg), lambda p: p, state.params
+    )
     state = state.replace(params=params)
   trainable = trainable_params(state)
   delta_mult = cfg.value.delta_multiplier(state.step)
@@ -466,11 +538,11 @@ def train_step(state: TrainState, rollout: Rollout, *, model_cfg: ModelConfig, c
     new_trainable = optax.apply_updates(trainable, updates)
     keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
     new_state = replace_trainable(state, keep(new_trainable, trainable)).replace(
-        opt_state=keep(new_opt, state.opt_state),
-        acrl=keep(new_acrl, state.acrl),
-        step=state.step + 1,
-        skipped=state.skipped + (~ok).astype(jnp.int32),
-        skipped_in_row=jnp.where(ok, 0, state.skipped_in_row + 1).astype(jnp.int32),
+      opt_state=keep(new_opt, state.opt_state),
+      acrl=keep(new_acrl, state.acrl),
+      step=state.step + 1,
+      skipped=state.skipped + (~ok).astype(jnp.int32),
+      skipped_in_row=jnp.where(ok, 0, state.skipped_in_row + 1).astype(jnp.int32),
     )
     if mesh is not None:
       new_state = lax.with_sharding_constraint(new_state, state_shardings(new_state, mesh, cfg))
@@ -478,14 +550,16 @@ def train_step(state: TrainState, rollout: Rollout, *, model_cfg: ModelConfig, c
   out = dict(losses.finalize_metrics(metrics))
   out.update({f"mismatch/{k}": v for k, v in losses.finalize_metrics(mismatch).items()})
   out.update({f"correction/{k}": v for k, v in losses.finalize_metrics(corr_metrics).items()})
-  out.update({
+  out.update(
+    {
       "loss": loss,
       "grad_norm": grad_norm,
       "lr": make_schedule(cfg)(state.step - state.skipped),
       "skipped": (~ok).astype(jnp.float32),
       "skipped_total": new_state.skipped.astype(jnp.float32),
       "skipped_in_row": new_state.skipped_in_row.astype(jnp.float32),
-  })
+    }
+  )
   return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
@@ -518,8 +592,9 @@ class NonFiniteGuard:
     if in_row >= self.max_in_row:
       where = "" if step is None else f" (last at step {step})"
       raise NonFiniteError(
-          f"{in_row} consecutive learner steps had a non-finite loss or gradient{where}; "
-          f"{self.total_skipped} skipped in total. Parameters and optimizer state are those of the last "
-          f"good step (skipped steps change nothing); lower the learning rate, check the batch "
-          f"(sampler log-probs, advantages) or resume from the last checkpoint.")
+        f"{in_row} consecutive learner steps had a non-finite loss or gradient{where}; "
+        f"{self.total_skipped} skipped in total. Parameters and optimizer state are those of the last "
+        f"good step (skipped steps change nothing); lower the learning rate, check the batch "
+        f"(sampler log-probs, advantages) or resume from the last checkpoint."
+      )
     return skipped

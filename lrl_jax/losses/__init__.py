@@ -11,57 +11,82 @@ advantage estimation), `metrics` (train-inference mismatch), `aggregation`.
 Formulas and sources: lrl_jax/losses/README.md.
 """
 
-from lrl_jax.losses.aggregation import (
-    AGG_MODES,
-    AggMode,
-    Max,
-    Mean,
-    aggregate,
-    finalize_metrics,
-    merge_metrics,
-)
 from lrl_jax.losses.advantages import (
-    dr_grpo_advantages,
-    gae_advantages,
-    grpo_advantages,
-    normalize_advantages,
-    rloo_advantages,
+  dr_grpo_advantages,
+  gae_advantages,
+  grpo_advantages,
+  normalize_advantages,
+  rloo_advantages,
 )
-from lrl_jax.losses.policy import KLEstimator, entropy_from_logits, gspo_loss, kl_penalty, ppo_loss
+from lrl_jax.losses.aggregation import (
+  AGG_MODES,
+  AggMode,
+  Max,
+  Mean,
+  aggregate,
+  finalize_metrics,
+  merge_metrics,
+)
 from lrl_jax.losses.corrections import (
-    ACRLState,
-    acrl_discrepancy,
-    acrl_init,
-    acrl_set_reference,
-    acrl_weights,
-    effective_sample_size,
-    mis_weights,
-    tis_weights,
-)
-from lrl_jax.losses.value import (
-    delta_multiplier,
-    delta_schedule,
-    quantize_value,
-    smooth_advantages,
-    value_head_apply,
-    value_head_init,
-    value_loss,
+  ACRLState,
+  acrl_discrepancy,
+  acrl_init,
+  acrl_set_reference,
+  acrl_weights,
+  effective_sample_size,
+  mis_weights,
+  tis_weights,
 )
 from lrl_jax.losses.metrics import mismatch_metrics
+from lrl_jax.losses.policy import KLEstimator, entropy_from_logits, gspo_loss, kl_penalty, ppo_loss
+from lrl_jax.losses.value import (
+  delta_multiplier,
+  delta_schedule,
+  quantize_value,
+  smooth_advantages,
+  value_head_apply,
+  value_head_init,
+  value_loss,
+)
 
 __all__ = [
-    # aggregation
-    "AGG_MODES", "AggMode", "aggregate", "Mean", "Max", "merge_metrics", "finalize_metrics",
-    # advantages
-    "grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "gae_advantages", "normalize_advantages",
-    # policy
-    "ppo_loss", "gspo_loss", "kl_penalty", "entropy_from_logits", "KLEstimator",
-    # corrections
-    "tis_weights", "mis_weights", "ACRLState", "acrl_init", "acrl_set_reference", "acrl_discrepancy",
-    "acrl_weights", "effective_sample_size",
-    # value
-    "quantize_value", "delta_multiplier", "delta_schedule", "value_head_init", "value_head_apply",
-    "value_loss", "smooth_advantages",
-    # metrics
-    "mismatch_metrics",
+  # aggregation
+  "AGG_MODES",
+  "AggMode",
+  "aggregate",
+  "Mean",
+  "Max",
+  "merge_metrics",
+  "finalize_metrics",
+  # advantages
+  "grpo_advantages",
+  "dr_grpo_advantages",
+  "rloo_advantages",
+  "gae_advantages",
+  "normalize_advantages",
+  # policy
+  "ppo_loss",
+  "gspo_loss",
+  "kl_penalty",
+  "entropy_from_logits",
+  "KLEstimator",
+  # corrections
+  "tis_weights",
+  "mis_weights",
+  "ACRLState",
+  "acrl_init",
+  "acrl_set_reference",
+  "acrl_discrepancy",
+  "acrl_weights",
+  "effective_sample_size",
+  # value
+  "quantize_value",
+  "delta_multiplier",
+  "delta_schedule",
+  "value_head_init",
+  "value_head_apply",
+  "value_loss",
+  "smooth_advantages",
+  # metrics
+  "mismatch_metrics",
 ]

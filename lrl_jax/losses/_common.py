@@ -28,8 +28,7 @@ def check_same(fn: str, ref_name: str, ref_shape, **arrays) -> None:
   """Raises ValueError unless every array has shape `ref_shape`."""
   for name, x in arrays.items():
     if x is not None and tuple(jnp.shape(x)) != tuple(ref_shape):
-      raise ValueError(f"{fn}: {name} must have the shape of {ref_name} {tuple(ref_shape)}; "
-                       f"got {tuple(jnp.shape(x))}")
+      raise ValueError(f"{fn}: {name} must have the shape of {ref_name} {tuple(ref_shape)}; got {tuple(jnp.shape(x))}")
 
 
 def bt_mask(fn: str, mask, **arrays) -> tuple[jax.Array, jax.Array]:

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 
 from lrl_jax.losses import _common as C
 
-__all__ = ["grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "gae_advantages",
-           "normalize_advantages"]
+__all__ = ["grpo_advantages", "dr_grpo_advantages", "rloo_advantages", "gae_advantages", "normalize_advantages"]
 
 
 def _groups(fn: str, rewards, mask, group_size: int):
@@ -23,8 +22,7 @@ def _groups(fn: str, rewards, mask, group_size: int):
     raise ValueError(f"{fn}: group_size must be a positive int; got {group_size!r}")
   b = rewards.shape[0]
   if b % group_size:
-    raise ValueError(f"{fn}: rewards [B] = {rewards.shape} is not a whole number of groups of "
-                     f"group_size={group_size}")
+    raise ValueError(f"{fn}: rewards [B] = {rewards.shape} is not a whole number of groups of group_size={group_size}")
   if mask is None:
     m = jnp.ones((b,), jnp.bool_)
   else:
@@ -38,8 +36,9 @@ def _groups(fn: str, rewards, mask, group_size: int):
   return r, m, n
 
 
-def grpo_advantages(rewards, *, group_size: int, mask=None, scale_by_std: bool = True,
-                    eps: float = 1e-6, ddof: int = 1) -> jax.Array:
+def grpo_advantages(
+  rewards, *, group_size: int, mask=None, scale_by_std: bool = True, eps: float = 1e-6, ddof: int = 1
+) -> jax.Array:
   """GRPO group-normalised outcome advantage (Shao et al. 2024, DeepSeekMath).
 
   A_i = (r_i − mean_g(r)) / (std_g(r) + ε), mean and std over the kept completions of

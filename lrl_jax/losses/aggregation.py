@@ -61,8 +61,7 @@ def check_agg(fn: str, agg: str) -> None:
     raise ValueError(f"{fn}: agg must be one of {AGG_MODES}; got {agg!r}")
 
 
-def aggregate(loss, mask, *, agg: AggMode = "token-mean", norm_len: int | None = None,
-              denom=None) -> jax.Array:
+def aggregate(loss, mask, *, agg: AggMode = "token-mean", norm_len: int | None = None, denom=None) -> jax.Array:
   """Reduces a per-token loss [B, T] to a scalar f32 (the modes in the module docstring).
 
   Args:

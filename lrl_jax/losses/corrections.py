@@ -23,8 +23,16 @@ import jax.numpy as jnp
 from lrl_jax.losses import _common as C
 from lrl_jax.losses.aggregation import Max, Mean
 
-__all__ = ["tis_weights", "mis_weights", "ACRLState", "acrl_init", "acrl_set_reference",
-           "acrl_discrepancy", "acrl_weights", "effective_sample_size"]
+__all__ = [
+  "tis_weights",
+  "mis_weights",
+  "ACRLState",
+  "acrl_init",
+  "acrl_set_reference",
+  "acrl_discrepancy",
+  "acrl_weights",
+  "effective_sample_size",
+]
 
 
 def effective_sample_size(log_w, valid) -> jax.Array:
@@ -55,10 +63,10 @@ def effective_sample_size(log_w, valid) -> jax.Array:
 def _weight_metrics(w, valid, truncated, log_w, per: str):
   n = jnp.sum(valid).astype(C.F32)
   return {
-      "weight_mean": Mean(C.msum(w, valid), n),
-      "weight_max": Max(jnp.max(jnp.where(valid, w, -jnp.inf))),
-      "frac_truncated": Mean(C.msum(truncated.astype(C.F32), valid), n),
-      f"ess_{per}": effective_sample_size(log_w, valid),
+    "weight_mean": Mean(C.msum(w, valid), n),
+    "weight_max": Max(jnp.max(jnp.where(valid, w, -jnp.inf))),
+    "frac_truncated": Mean(C.msum(truncated.astype(C.F32), valid), n),
+    f"ess_{per}": effective_sample_size(log_w, valid),
   }
 
 
@@ -68,8 +76,15 @@ def _check_bounds(fn, **kw):
       raise ValueError(f"{fn}: {name} must be > 1; got {v}")
 
 
-def tis_weights(old_logp, sampler_logp, mask, *, level: Literal["token", "sequence"] = "token",
-                clip_c: float = 2.0, batch_normalize: bool = False):
+def tis_weights(
+  old_logp,
+  sampler_logp,
+  mask,
+  *,
+  level: Literal["token", "sequence"] = "token",
+  clip_c: float = 2.0,
+  batch_normalize: bool = False,
+):
   """Truncated importance sampling weights (Yao et al. 2025, "Your Efficient RL Framework
   Secretly Brings You Off-Policy RL Training"; verl / slime rollout correction).
 
@@ -118,9 +133,16 @@ def tis_weights(old_logp, sampler_logp, mask, *, level: Literal["token", "sequen
   return sg(w), metrics
 
 
-def mis_weights(old_logp, sampler_logp, mask, *,
-                level: Literal["sequence", "geometric", "token"] = "sequence",
-                lo: float = 0.5, hi: float = 2.0, keep_ratio: bool = False):
+def mis_weights(
+  old_logp,
+  sampler_logp,
+  mask,
+  *,
+  level: Literal["sequence", "geometric", "token"] = "sequence",
+  lo: float = 0.5,
+  hi: float = 2.0,
+  keep_ratio: bool = False,
+):
   """Masked importance sampling: reject sequences (or tokens) whose IS ratio leaves [lo, hi].
 
   (Token masking: Ling Team 2025, IcePop; sequence masking, Seq-MIS: Liu, Li et al. 2025,
@@ -236,8 +258,7 @@ def acrl_discrepancy(old_logp, sampler_logp, mask):
   return d, y, Mean(C.msum(y, has), jnp.sum(has).astype(C.F32))
 
 
-def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: float = 0.65,
-                 clip_c: float = 2.0):
+def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: float = 0.65, clip_c: float = 2.0):
   """ACRL adaptive-control weights (Fan et al. 2026, "ACRL: Adaptive Control of
   Training-Inference Discrepancy for Stable Reinforcement Learning", arXiv 2607.24062).
 
@@ -280,8 +301,7 @@ def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: 
   _, y, x_batch = acrl_discrepancy(old_logp, sampler_logp, m)
   has_seq = x_batch.count > 0
   x = jnp.where(state.is_set, state.x, x_batch.value)
-  new_state = ACRLState(x=jnp.where(state.is_set | ~has_seq, state.x, x_batch.value),
-                        is_set=state.is_set | has_seq)
+  new_state = ACRLState(x=jnp.where(state.is_set | ~has_seq, state.x, x_batch.value), is_set=state.is_set | has_seq)
   ctrl = jnp.where(x > 0, 1.0 - C.safe_div(y, x), 0.0)  # [B]
   alpha = gamma * jnp.sign(adv) * ctrl[:, None]
   lr = C.log_ratio(sg(C.f32(old_logp)), sg(C.f32(sampler_logp)), m)
@@ -293,11 +313,13 @@ def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: 
   has = jnp.sum(m, axis=1) > 0
   metrics = _weight_metrics(w, m, m & (log_rho > log_c), log_w, "token")
   n_tok = jnp.sum(m).astype(C.F32)
-  metrics.update({
+  metrics.update(
+    {
       "acrl_x": x,
       "acrl_y": x_batch,
       "frac_y_above_x": Mean(jnp.sum((has & (y > x)).astype(C.F32)), n_seq),
       "frac_enhanced": Mean(C.msum((log_rho > 0).astype(C.F32), m), n_tok),
       "frac_suppressed": Mean(C.msum((log_rho < 0).astype(C.F32), m), n_tok),
-  })
+    }
+  )
   return sg(w), new_state, metrics

@@ -57,13 +57,13 @@ def mismatch_metrics(logp, sampler_logp, mask) -> dict:
   va, vb = C.msum((a - am) ** 2, fin), C.msum((b - bm) ** 2, fin)
   den = jnp.sqrt(va * vb)
   return {
-      "prob_abs_diff_mean": Mean(C.msum(d, m), n),
-      "prob_abs_diff_max": Max(jnp.max(jnp.where(m, d, -jnp.inf))),
-      "log_abs_diff_mean": Mean(C.msum(jnp.abs(lr), fin), n_fin),
-      "kl_k1": Mean(C.msum(-lr, fin), n_fin),
-      "kl_k3": Mean(C.msum(k3, fin), n_fin),
-      "log_ppl_ratio": Mean(C.msum(log_ppl, seq_ok), jnp.sum(seq_ok).astype(C.F32)),
-      "ess_token": effective_sample_size(C.log_ratio(a, b, m), m),
-      "pearson_logp": C.safe_div(cov, den),
-      "nonfinite_frac": Mean(C.msum((~fin).astype(C.F32), m), n),
+    "prob_abs_diff_mean": Mean(C.msum(d, m), n),
+    "prob_abs_diff_max": Max(jnp.max(jnp.where(m, d, -jnp.inf))),
+    "log_abs_diff_mean": Mean(C.msum(jnp.abs(lr), fin), n_fin),
+    "kl_k1": Mean(C.msum(-lr, fin), n_fin),
+    "kl_k3": Mean(C.msum(k3, fin), n_fin),
+    "log_ppl_ratio": Mean(C.msum(log_ppl, seq_ok), jnp.sum(seq_ok).astype(C.F32)),
+    "ess_token": effective_sample_size(C.log_ratio(a, b, m), m),
+    "pearson_logp": C.safe_div(cov, den),
+    "nonfinite_frac": Mean(C.msum((~fin).astype(C.F32), m), n),
   }

@@ -67,8 +67,9 @@ def entropy_from_logits(logits, mask) -> jax.Array:
   C.check_rank("entropy_from_logits", "logits", logits, 3, "[B, T, V]")
   m, _ = C.bt_mask("entropy_from_logits", mask)
   if tuple(logits.shape[:2]) != tuple(m.shape):
-    raise ValueError(f"entropy_from_logits: logits [B, T, V] {tuple(logits.shape)} do not match "
-                     f"mask [B, T] {tuple(m.shape)}")
+    raise ValueError(
+      f"entropy_from_logits: logits [B, T, V] {tuple(logits.shape)} do not match mask [B, T] {tuple(m.shape)}"
+    )
   z = jnp.where(m[:, :, None], C.f32(logits), 0.0)
   lse = jax.nn.logsumexp(z, axis=-1)
   p = jax.nn.softmax(z, axis=-1)
@@ -82,13 +83,13 @@ def _ppo_metrics(m, mf, log_ratio, ratio, adv, eps_low, eps_high, dual_clip_c, p
   log_ratio, ratio, adv, pg = sg(log_ratio), sg(ratio), sg(adv), sg(pg)
   count = lambda cond: Mean(C.msum(cond.astype(C.F32), m), n)
   metrics = {
-      "pg_loss": Mean(C.msum(pg, m), n),
-      "clip_frac_low": count((adv < 0) & (ratio < 1.0 - eps_low)),
-      "clip_frac_high": count((adv > 0) & (ratio > 1.0 + eps_high)),
-      # KL(π_old ‖ π_θ), k3 with log r = log π_θ − log π_old (Schulman 2020).
-      "approx_kl": Mean(C.msum(jnp.expm1(log_ratio) - log_ratio, m), n),
-      "ratio_mean": Mean(C.msum(ratio, m), n),
-      "ratio_max": Max(jnp.max(jnp.where(m, ratio, -jnp.inf))),
+    "pg_loss": Mean(C.msum(pg, m), n),
+    "clip_frac_low": count((adv < 0) & (ratio < 1.0 - eps_low)),
+    "clip_frac_high": count((adv > 0) & (ratio > 1.0 + eps_high)),
+    # KL(π_old ‖ π_θ), k3 with log r = log π_θ − log π_old (Schulman 2020).
+    "approx_kl": Mean(C.msum(jnp.expm1(log_ratio) - log_ratio, m), n),
+    "ratio_mean": Mean(C.msum(ratio, m), n),
+    "ratio_max": Max(jnp.max(jnp.where(m, ratio, -jnp.inf))),
   }
   if dual_clip_c is not None:
     metrics["dual_clip_frac"] = count((adv < 0) & (ratio > dual_clip_c))
@@ -97,8 +98,7 @@ def _ppo_metrics(m, mf, log_ratio, ratio, adv, eps_low, eps_high, dual_clip_c, p
   return metrics
 
 
-def _regularizers(fn, m, logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, agg, norm_len,
-                  denom):
+def _regularizers(fn, m, logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, agg, norm_len, denom):
   """β·agg(KL(π_θ‖π_ref)) − c_H·agg(H), and their per-token values for the metrics."""
   extra, reg = {}, jnp.zeros((), C.F32)
   if ref_logp is not None:
@@ -120,10 +120,25 @@ def _regularizers(fn, m, logp, ref_logp, kl_coef, kl_estimator, entropy, entropy
   return reg, extra
 
 
-def ppo_loss(logp, old_logp, adv, mask, *, clip_eps_low: float = 0.2, clip_eps_high: float = 0.28,
-             dual_clip_c: float | None = None, agg: AggMode = "token-mean", norm_len: int | None = None,
-             denom=None, token_weights=None, ref_logp=None, kl_coef: float = 0.0,
-             kl_estimator: KLEstimator = "k3", entropy=None, entropy_coef: float = 0.0):
+def ppo_loss(
+  logp,
+  old_logp,
+  adv,
+  mask,
+  *,
+  clip_eps_low: float = 0.2,
+  clip_eps_high: float = 0.28,
+  dual_clip_c: float | None = None,
+  agg: AggMode = "token-mean",
+  norm_len: int | None = None,
+  denom=None,
+  token_weights=None,
+  ref_logp=None,
+  kl_coef: float = 0.0,
+  kl_estimator: KLEstimator = "k3",
+  entropy=None,
+  entropy_coef: float = 0.0,
+):
   """PPO clipped surrogate with decoupled clip range (DAPO clip-higher) and optional dual clip.
 
   Per token, r = exp(log π_θ − log π_old):
@@ -171,15 +186,27 @@ def ppo_loss(logp, old_logp, adv, mask, *, clip_eps_low: float = 0.2, clip_eps_h
   if token_weights is not None:
     pg = pg * C.clean(jax.lax.stop_gradient(C.f32(token_weights)), m)
   loss = aggregate(pg, m, agg=agg, norm_len=norm_len, denom=denom)
-  reg, extra = _regularizers(fn, m, logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, agg,
-                             norm_len, denom)
+  reg, extra = _regularizers(fn, m, logp, ref_logp, kl_coef, kl_estimator, entropy, entropy_coef, agg, norm_len, denom)
   metrics = _ppo_metrics(m, mf, log_ratio, ratio, adv, clip_eps_low, clip_eps_high, dual_clip_c, pg, extra)
   return loss + reg, metrics
 
 
-def gspo_loss(logp, old_logp, adv, mask, *, clip_eps_low: float = 3e-4, clip_eps_high: float = 4e-4,
-              agg: AggMode = "seq-mean-token-mean", norm_len: int | None = None, denom=None,
-              token_weights=None, ref_logp=None, kl_coef: float = 0.0, kl_estimator: KLEstimator = "k3"):
+def gspo_loss(
+  logp,
+  old_logp,
+  adv,
+  mask,
+  *,
+  clip_eps_low: float = 3e-4,
+  clip_eps_high: float = 4e-4,
+  agg: AggMode = "seq-mean-token-mean",
+  norm_len: int | None = None,
+  denom=None,
+  token_weights=None,
+  ref_logp=None,
+  kl_coef: float = 0.0,
+  kl_estimator: KLEstimator = "k3",
+):
   """GSPO: a length-normalised sequence-level ratio, clipped per sequence (Zheng et al. 2025).
 
   s_b = exp((1/n_b) Σ_t m (log π_θ − log π_old)), the geometric mean of the token ratios.
@@ -224,12 +251,12 @@ def gspo_loss(logp, old_logp, adv, mask, *, clip_eps_low: float = 3e-4, clip_eps
   adv_seq = sg(C.safe_div(jnp.sum(adv, axis=1), n_b))  # the sequence's mean advantage decides the side
   lr_sg, n = sg(log_ratio), jnp.sum(mf)
   metrics = {
-      "pg_loss": Mean(C.msum(sg(pg), m), n),
-      "clip_frac_low": Mean(C.msum(((adv_seq < 0) & (s < 1.0 - clip_eps_low)).astype(C.F32), has), n_seq),
-      "clip_frac_high": Mean(C.msum(((adv_seq > 0) & (s > 1.0 + clip_eps_high)).astype(C.F32), has), n_seq),
-      "approx_kl": Mean(C.msum(jnp.expm1(lr_sg) - lr_sg, m), n),
-      "seq_ratio_mean": Mean(C.msum(s, has), n_seq),
-      "seq_ratio_max": Max(jnp.max(jnp.where(has, s, -jnp.inf))),
+    "pg_loss": Mean(C.msum(sg(pg), m), n),
+    "clip_frac_low": Mean(C.msum(((adv_seq < 0) & (s < 1.0 - clip_eps_low)).astype(C.F32), has), n_seq),
+    "clip_frac_high": Mean(C.msum(((adv_seq > 0) & (s > 1.0 + clip_eps_high)).astype(C.F32), has), n_seq),
+    "approx_kl": Mean(C.msum(jnp.expm1(lr_sg) - lr_sg, m), n),
+    "seq_ratio_mean": Mean(C.msum(s, has), n_seq),
+    "seq_ratio_max": Max(jnp.max(jnp.where(has, s, -jnp.inf))),
   }
   for k, v in extra.items():
     metrics[k] = Mean(C.msum(sg(v), m), n)

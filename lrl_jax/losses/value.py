@@ -18,8 +18,15 @@ import jax.numpy as jnp
 from lrl_jax.losses import _common as C
 from lrl_jax.losses.aggregation import AggMode, Mean, aggregate, check_agg
 
-__all__ = ["quantize_value", "delta_multiplier", "delta_schedule", "value_head_init", "value_head_apply",
-           "value_loss", "smooth_advantages"]
+__all__ = [
+  "quantize_value",
+  "delta_multiplier",
+  "delta_schedule",
+  "value_head_init",
+  "value_head_apply",
+  "value_loss",
+  "smooth_advantages",
+]
 
 
 def quantize_value(v_raw, delta, *, grad_scale: float = 1.0, min_delta: float = 1e-4) -> jax.Array:
@@ -51,23 +58,26 @@ def quantize_value(v_raw, delta, *, grad_scale: float = 1.0, min_delta: float = 
   return d * (x + sg(jnp.round(x) - x))
 
 
-def delta_multiplier(step, *, boundaries: Sequence[int] = (1000, 5000),
-                     multipliers: Sequence[float] = (3.0, 2.0, 1.0)) -> jax.Array:
+def delta_multiplier(
+  step, *, boundaries: Sequence[int] = (1000, 5000), multipliers: Sequence[float] = (3.0, 2.0, 1.0)
+) -> jax.Array:
   """Piecewise-constant Δ multiplier: multipliers[i] while step < boundaries[i], then the last.
 
   With a learnable Δ, use Δ_eff = delta_multiplier(step) · Δ (coarse early, fine later).
   """
   if len(multipliers) != len(boundaries) + 1:
-    raise ValueError(f"delta_multiplier: need len(multipliers) == len(boundaries) + 1; got "
-                     f"{len(multipliers)} and {len(boundaries)}")
+    raise ValueError(
+      f"delta_multiplier: need len(multipliers) == len(boundaries) + 1; got {len(multipliers)} and {len(boundaries)}"
+    )
   if list(boundaries) != sorted(boundaries):
     raise ValueError(f"delta_multiplier: boundaries must increase; got {tuple(boundaries)}")
   idx = jnp.sum(jnp.asarray(step) >= jnp.asarray(boundaries, jnp.int32))
   return jnp.asarray(multipliers, C.F32)[idx]
 
 
-def delta_schedule(step, *, delta0: float = 0.1, boundaries: Sequence[int] = (1000, 5000),
-                   multipliers: Sequence[float] = (3.0, 2.0, 1.0)) -> jax.Array:
+def delta_schedule(
+  step, *, delta0: float = 0.1, boundaries: Sequence[int] = (1000, 5000), multipliers: Sequence[float] = (3.0, 2.0, 1.0)
+) -> jax.Array:
   """The write-up's fixed schedule: 3Δ₀ before step 1000, 2Δ₀ before 5000, then Δ₀ (f32 scalar)."""
   C.check_positive("delta_schedule", delta0=delta0)
   return delta0 * delta_multiplier(step, boundaries=boundaries, multipliers=multipliers)
@@ -81,8 +91,7 @@ def value_head_init(key, d_model: int, *, delta0: float = 0.1, num_quantiles: in
   """
   C.check_positive("value_head_init", delta0=delta0, d_model=d_model, num_quantiles=num_quantiles)
   kernel = jax.random.normal(key, (d_model, num_quantiles), C.F32) / jnp.sqrt(jnp.float32(d_model))
-  return {"kernel": kernel, "bias": jnp.zeros((num_quantiles,), C.F32),
-          "delta": jnp.asarray(delta0, C.F32)}
+  return {"kernel": kernel, "bias": jnp.zeros((num_quantiles,), C.F32), "delta": jnp.asarray(delta0, C.F32)}
 
 
 def value_head_apply(params: dict, hidden, *, delta_mult=1.0, grad_scale: float = 1.0):
@@ -100,8 +109,9 @@ def value_head_apply(params: dict, hidden, *, delta_mult=1.0, grad_scale: float 
   C.check_rank("value_head_apply", "hidden", hidden, 3, "[B, T, D]")
   kernel = params["kernel"]
   if kernel.shape[0] != hidden.shape[-1]:
-    raise ValueError(f"value_head_apply: hidden [B, T, D] {tuple(hidden.shape)} does not match "
-                     f"kernel [D, K] {tuple(kernel.shape)}")
+    raise ValueError(
+      f"value_head_apply: hidden [B, T, D] {tuple(hidden.shape)} does not match kernel [D, K] {tuple(kernel.shape)}"
+    )
   v_raw = jnp.einsum("btd,dk->btk", C.f32(hidden), C.f32(kernel)) + C.f32(params["bias"])[None, None, :]
   if v_raw.shape[-1] == 1:
     v_raw = v_raw[..., 0]
@@ -109,8 +119,17 @@ def value_head_apply(params: dict, hidden, *, delta_mult=1.0, grad_scale: float 
   return v_q, v_raw
 
 
-def value_loss(values, returns, mask, *, alpha: float = 0.7, quantile_levels: Sequence[float] = (0.5,),
-               agg: AggMode = "token-mean", norm_len: int | None = None, denom=None):
+def value_loss(
+  values,
+  returns,
+  mask,
+  *,
+  alpha: float = 0.7,
+  quantile_levels: Sequence[float] = (0.5,),
+  agg: AggMode = "token-mean",
+  norm_len: int | None = None,
+  denom=None,
+):
   """Mixed value loss L = α · L_quantile + (1 − α) · L_MSE (write-up 003; Koenker & Bassett 1978).
 
   u = R − V per token and level τ; pinball ρ_τ(u) = max(τ·u, (τ − 1)·u).
@@ -142,8 +161,10 @@ def value_loss(values, returns, mask, *, alpha: float = 0.7, quantile_levels: Se
   if v.ndim == 2:
     v = v[..., None]
   if v.ndim != 3 or v.shape[-1] != len(taus):
-    raise ValueError(f"{fn}: values must be [B, T] (one level) or [B, T, K] with K = "
-                     f"len(quantile_levels) = {len(taus)}; got {tuple(jnp.shape(values))}")
+    raise ValueError(
+      f"{fn}: values must be [B, T] (one level) or [B, T, K] with K = "
+      f"len(quantile_levels) = {len(taus)}; got {tuple(jnp.shape(values))}"
+    )
   m, mf = C.bt_mask(fn, mask, returns=returns)
   if tuple(v.shape[:2]) != tuple(m.shape):
     raise ValueError(f"{fn}: values {tuple(jnp.shape(values))} do not match mask [B, T] {tuple(m.shape)}")
@@ -158,9 +179,9 @@ def value_loss(values, returns, mask, *, alpha: float = 0.7, quantile_levels: Se
   n = jnp.sum(mf)
   sg = jax.lax.stop_gradient
   metrics = {
-      "vf_quantile": Mean(C.msum(sg(pinball), m), n),
-      "vf_mse": Mean(C.msum(sg(mse), m), n),
-      "value_mean": Mean(C.msum(sg(jnp.mean(v, axis=-1)), m), n),
+    "vf_quantile": Mean(C.msum(sg(pinball), m), n),
+    "vf_mse": Mean(C.msum(sg(mse), m), n),
+    "value_mean": Mean(C.msum(sg(jnp.mean(v, axis=-1)), m), n),
   }
   return alpha * lq + (1.0 - alpha) * l2, metrics
 

@@ -37,12 +37,21 @@ from lrl_jax.quant import QArray, path_str
 
 # safetensors dtype strings -> numpy dtypes (bf16 and fp8 through ml_dtypes).
 ST_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
-    "U64": np.dtype(np.uint64), "U32": np.dtype(np.uint32), "U16": np.dtype(np.uint16), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+  "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I16": np.dtype(np.int16),
+  "I8": np.dtype(np.int8),
+  "U64": np.dtype(np.uint64),
+  "U32": np.dtype(np.uint32),
+  "U16": np.dtype(np.uint16),
+  "U8": np.dtype(np.uint8),
+  "BOOL": np.dtype(np.bool_),
 }
 
 # Buffers some older checkpoints carry that are recomputed here (RoPE has no table).
@@ -150,8 +159,9 @@ def _fmt(names: Iterable[str], limit: int = 8) -> str:
   return s + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def tree_from_sources(cfg: ModelConfig, sources: Mapping[str, Source], *, dtype, origin: str,
-                      tied_ok: Callable[[], bool] | None = None) -> dict:
+def tree_from_sources(
+  cfg: ModelConfig, sources: Mapping[str, Source], *, dtype, origin: str, tied_ok: Callable[[], bool] | None = None
+) -> dict:
   """Builds the parameter tree from transformers-named tensors, checking names and shapes first.
 
   Args:
@@ -172,8 +182,10 @@ def tree_from_sources(cfg: ModelConfig, sources: Mapping[str, Source], *, dtype,
   if cfg.tie_word_embeddings and "lm_head.weight" in extra:
     extra.discard("lm_head.weight")
     if tied_ok is None or not tied_ok():
-      raise ValueError(f"{origin}: tie_word_embeddings is set but tensor 'lm_head.weight' "
-                       f"({sources['lm_head.weight'].where}) differs from model.embed_tokens.weight")
+      raise ValueError(
+        f"{origin}: tie_word_embeddings is set but tensor 'lm_head.weight' "
+        f"({sources['lm_head.weight'].where}) differs from model.embed_tokens.weight"
+      )
   missing = set(expected) - names
   problems = []
   if missing:
@@ -182,8 +194,10 @@ def tree_from_sources(cfg: ModelConfig, sources: Mapping[str, Source], *, dtype,
     problems.append(f"unexpected tensors: {_fmt(f'{n} ({sources[n].where})' for n in extra)}")
   for name, (ent, _) in expected.items():
     if name in sources and tuple(sources[name].shape) != ent.hf_shape:
-      problems.append(f"tensor {name!r} in {sources[name].where} has shape {tuple(sources[name].shape)}, "
-                      f"expected {ent.hf_shape} for this config")
+      problems.append(
+        f"tensor {name!r} in {sources[name].where} has shape {tuple(sources[name].shape)}, "
+        f"expected {ent.hf_shape} for this config"
+      )
   if problems:
     raise ValueError(f"{origin}: checkpoint does not match its {cfg.arch} config: " + "; ".join(problems))
 
@@ -214,7 +228,7 @@ def hf_tensors_from_tree(cfg: ModelConfig, params, *, dtype=None) -> dict[str, n
     a = np.asarray(get_path(params, ent.path))
     if dtype is not None:
       a = a.astype(jnp.dtype(dtype))
-    for i in (range(cfg.num_layers) if ent.per_layer else [None]):
+    for i in range(cfg.num_layers) if ent.per_layer else [None]:
       x = a[i] if i is not None else a
       out[ent.hf_name(i)] = np.ascontiguousarray(x.T if ent.transpose else x)
   return out
@@ -236,8 +250,7 @@ def check_tree(cfg: ModelConfig, params, *, allow_qarray: bool = False):
     if p in got:
       leaf = got[p]
       if isinstance(leaf, QArray) and not allow_qarray:
-        problems.append(f"parameter {p!r} is a QArray ({leaf.spec}); dequantize it or use "
-                        f"export_compressed_tensors")
+        problems.append(f"parameter {p!r} is a QArray ({leaf.spec}); dequantize it or use export_compressed_tensors")
       elif tuple(leaf.shape) != shape:
         problems.append(f"parameter {p!r} has shape {tuple(leaf.shape)}, expected {shape}")
   if problems:
@@ -266,8 +279,9 @@ class SafetensorsFile:
         raise ValueError(f"{self.path}: truncated safetensors file ({size} bytes, no header length)")
       (n,) = struct.unpack("<Q", head)
       if 8 + n > size:
-        raise ValueError(f"{self.path}: truncated safetensors file: header needs {n} bytes, "
-                         f"file has {size - 8} after the length field")
+        raise ValueError(
+          f"{self.path}: truncated safetensors file: header needs {n} bytes, file has {size - 8} after the length field"
+        )
       try:
         header = json.loads(fh.read(n))
       except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -289,19 +303,23 @@ class SafetensorsFile:
       npdt = ST_DTYPES[dt]
       nbytes = int(np.prod(shape, dtype=np.int64)) * npdt.itemsize
       if e - b != nbytes or b < 0:
-        raise ValueError(f"{self.path}: tensor {name!r} ({dt}, shape {shape}) spans bytes [{b}, {e}), "
-                         f"expected {nbytes} bytes")
+        raise ValueError(
+          f"{self.path}: tensor {name!r} ({dt}, shape {shape}) spans bytes [{b}, {e}), expected {nbytes} bytes"
+        )
       end_max = max(end_max, e)
       self.infos[name] = (npdt, shape, b, e)
     cut = sorted((b, name) for name, (_, _, b, e) in self.infos.items() if e > data_size)
     if cut:
       b, name = cut[0]
       more = f" (and {len(cut) - 1} more tensors after it)" if len(cut) > 1 else ""
-      raise ValueError(f"{self.path}: truncated safetensors file: tensor {name!r} needs bytes "
-                       f"[{b}, {self.infos[name][3]}) of the data buffer, which has only {data_size}{more}")
+      raise ValueError(
+        f"{self.path}: truncated safetensors file: tensor {name!r} needs bytes "
+        f"[{b}, {self.infos[name][3]}) of the data buffer, which has only {data_size}{more}"
+      )
     if end_max != data_size:
-      raise ValueError(f"{self.path}: data buffer is {data_size} bytes but the tensors cover {end_max} "
-                       f"(trailing or missing data)")
+      raise ValueError(
+        f"{self.path}: data buffer is {data_size} bytes but the tensors cover {end_max} (trailing or missing data)"
+      )
 
   def keys(self) -> list[str]:
     return list(self.infos)
@@ -323,14 +341,20 @@ class SafetensorsFile:
 
 def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray], metadata: dict[str, str] | None = None):
   """Writes `tensors` (NumPy, bf16/fp8 through ml_dtypes) with the safetensors package."""
-  from safetensors.numpy import save_file  # lazy: safetensors is optional (the `hf` extra)
+  from safetensors.numpy import save_file  # lazy: safetensors is optional (the `hf` extra)  # noqa: PLC0415
 
-  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path),
-            metadata={"format": "pt", **(metadata or {})})
+  save_file(
+    {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata={"format": "pt", **(metadata or {})}
+  )
 
 
-def write_sharded(directory: Path, tensors: Mapping[str, np.ndarray], *, max_shard_bytes: int | None,
-                  metadata: dict[str, str] | None = None):
+def write_sharded(
+  directory: Path,
+  tensors: Mapping[str, np.ndarray],
+  *,
+  max_shard_bytes: int | None,
+  metadata: dict[str, str] | None = None,
+):
   """model.safetensors, or model-0000k-of-0000n.safetensors + model.safetensors.index.json (HF layout)."""
   names = list(tensors)
   sizes = {k: tensors[k].nbytes for k in names}
@@ -371,15 +395,18 @@ def open_checkpoint(directory: Path) -> dict[str, Source]:
     for f in files:
       if not (directory / f).is_file():
         names = [k for k, v in weight_map.items() if v == f]
-        raise FileNotFoundError(f"{directory / f}: shard listed in {index_path.name} is missing "
-                                f"(it holds {_fmt(names, 3)})")
+        raise FileNotFoundError(
+          f"{directory / f}: shard listed in {index_path.name} is missing (it holds {_fmt(names, 3)})"
+        )
   elif (directory / "model.safetensors").is_file():
     files, weight_map = ["model.safetensors"], None
   else:
     files, weight_map = sorted(p.name for p in directory.glob("*.safetensors")), None
     if not files:
-      raise FileNotFoundError(f"{directory}: no model.safetensors, model.safetensors.index.json or "
-                              f"*.safetensors file (found: {sorted(p.name for p in directory.iterdir())})")
+      raise FileNotFoundError(
+        f"{directory}: no model.safetensors, model.safetensors.index.json or "
+        f"*.safetensors file (found: {sorted(p.name for p in directory.iterdir())})"
+      )
   sources: dict[str, Source] = {}
   for f in files:
     st = SafetensorsFile(directory / f)
@@ -394,8 +421,9 @@ def open_checkpoint(directory: Path) -> dict[str, Source]:
   if weight_map is not None:
     absent = [k for k, f in weight_map.items() if k not in sources]
     if absent:
-      raise ValueError(f"{index_path}: tensors listed but not found in their shard: "
-                       + _fmt(f"{k} ({weight_map[k]})" for k in absent))
+      raise ValueError(
+        f"{index_path}: tensors listed but not found in their shard: " + _fmt(f"{k} ({weight_map[k]})" for k in absent)
+      )
   return sources
 
 
@@ -439,8 +467,9 @@ def read_json(path: Path, what: str) -> dict:
 # --------------------------------------------------------------------------- writing a checkpoint directory
 
 
-def write_checkpoint(path, tensors: dict, hf_cfg: dict, *, tokenizer: Tokenizer | None = None,
-                     max_shard_bytes: int | None = None):
+def write_checkpoint(
+  path, tensors: dict, hf_cfg: dict, *, tokenizer: Tokenizer | None = None, max_shard_bytes: int | None = None
+):
   """Writes tensors (sharded safetensors), config.json and the tokenizer files into `path`, atomically."""
   if tokenizer is not None:
     hf_cfg = {**hf_cfg, **special_ids(tokenizer)}

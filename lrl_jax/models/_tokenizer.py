@@ -70,7 +70,7 @@ def load_tokenizer(path) -> Tokenizer:
   Raises:
     FileNotFoundError if there is no tokenizer.json; ValueError if it does not parse.
   """
-  import tokenizers  # lazy: tokenizers is optional (the `hf` extra)
+  import tokenizers  # lazy: tokenizers is optional (the `hf` extra)  # noqa: PLC0415
 
   path = Path(path)
   file = path / "tokenizer.json" if path.is_dir() else path
@@ -100,8 +100,9 @@ def load_tokenizer(path) -> Tokenizer:
   template = tcfg.get("chat_template")
   if template is None and (d / "chat_template.jinja").is_file():
     template = (d / "chat_template.jinja").read_text()
-  return Tokenizer(backend=backend, bos_id=bos, eos_ids=eos, pad_id=pad,
-                   chat_template=template if isinstance(template, str) else None)
+  return Tokenizer(
+    backend=backend, bos_id=bos, eos_ids=eos, pad_id=pad, chat_template=template if isinstance(template, str) else None
+  )
 
 
 def special_ids(tok: Tokenizer) -> dict:

@@ -69,8 +69,14 @@ class ModelConfig:
   def __post_init__(self):
     if self.arch not in ARCHS:
       raise ValueError(f"ModelConfig.arch must be one of {ARCHS}; got {self.arch!r}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "max_position_embeddings"):
+    for name in (
+      "vocab_size",
+      "hidden_size",
+      "intermediate_size",
+      "num_layers",
+      "num_heads",
+      "max_position_embeddings",
+    ):
       v = getattr(self, name)
       if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive int; got {v!r}")
@@ -79,8 +85,10 @@ class ModelConfig:
       set_("num_kv_heads", self.num_heads)
     if self.head_dim is None:
       if self.hidden_size % self.num_heads:
-        raise ValueError(f"ModelConfig: head_dim not given and hidden_size {self.hidden_size} is not a multiple "
-                         f"of num_heads {self.num_heads}")
+        raise ValueError(
+          f"ModelConfig: head_dim not given and hidden_size {self.hidden_size} is not a multiple "
+          f"of num_heads {self.num_heads}"
+        )
       set_("head_dim", self.hidden_size // self.num_heads)
     if self.attention_bias is None:
       set_("attention_bias", self.arch == "qwen2")
@@ -142,8 +150,11 @@ class ModelConfig:
     mt = config.get("model_type")
     if mt not in ARCHS:
       raise ValueError(f"unsupported model_type {mt!r} in config; supported: {ARCHS}")
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads") if k not in config]
+    missing = [
+      k
+      for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+      if k not in config
+    ]
     if missing:
       raise ValueError(f"{mt} config lacks required keys {missing}")
     act = config.get("hidden_act", "silu")
@@ -166,22 +177,22 @@ class ModelConfig:
       dtype = "float32"
     heads = config["num_attention_heads"]
     kw = dict(
-        arch=mt,
-        vocab_size=config["vocab_size"],
-        hidden_size=config["hidden_size"],
-        intermediate_size=config["intermediate_size"],
-        num_layers=config["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-        rope_theta=float(theta),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        attention_bias=mt == "qwen2",
-        qk_norm=mt == "qwen3",
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
-        dtype=dtype,
-        param_dtype="float32",
+      arch=mt,
+      vocab_size=config["vocab_size"],
+      hidden_size=config["hidden_size"],
+      intermediate_size=config["intermediate_size"],
+      num_layers=config["num_hidden_layers"],
+      num_heads=heads,
+      num_kv_heads=config.get("num_key_value_heads") or heads,
+      head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+      rope_theta=float(theta),
+      rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+      tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+      attention_bias=mt == "qwen2",
+      qk_norm=mt == "qwen3",
+      max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+      dtype=dtype,
+      param_dtype="float32",
     )
     kw.update(overrides)
     return cls(**kw)
@@ -189,27 +200,29 @@ class ModelConfig:
   def to_hf(self) -> dict[str, Any]:
     """The transformers `config.json` dict (5.x layout, with the 4.x `rope_theta` / `torch_dtype` keys too)."""
     if self.attention_bias != (self.arch == "qwen2") or self.qk_norm != (self.arch == "qwen3"):
-      raise ValueError(f"ModelConfig.to_hf: arch {self.arch!r} with attention_bias={self.attention_bias}, "
-                       f"qk_norm={self.qk_norm} has no transformers equivalent")
+      raise ValueError(
+        f"ModelConfig.to_hf: arch {self.arch!r} with attention_bias={self.attention_bias}, "
+        f"qk_norm={self.qk_norm} has no transformers equivalent"
+      )
     d: dict[str, Any] = {
-        "architectures": [_HF_ARCHITECTURES[self.arch]],
-        "model_type": self.arch,
-        "vocab_size": self.vocab_size,
-        "hidden_size": self.hidden_size,
-        "intermediate_size": self.intermediate_size,
-        "num_hidden_layers": self.num_layers,
-        "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.num_kv_heads,
-        "head_dim": self.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": self.max_position_embeddings,
-        "rms_norm_eps": self.rms_norm_eps,
-        "tie_word_embeddings": self.tie_word_embeddings,
-        "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
-        "rope_theta": self.rope_theta,
-        "dtype": self.param_dtype,
-        "torch_dtype": self.param_dtype,
-        "use_cache": True,
+      "architectures": [_HF_ARCHITECTURES[self.arch]],
+      "model_type": self.arch,
+      "vocab_size": self.vocab_size,
+      "hidden_size": self.hidden_size,
+      "intermediate_size": self.intermediate_size,
+      "num_hidden_layers": self.num_layers,
+      "num_attention_heads": self.num_heads,
+      "num_key_value_heads": self.num_kv_heads,
+      "head_dim": self.head_dim,
+      "hidden_act": "silu",
+      "max_position_embeddings": self.max_position_embeddings,
+      "rms_norm_eps": self.rms_norm_eps,
+      "tie_word_embeddings": self.tie_word_embeddings,
+      "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+      "rope_theta": self.rope_theta,
+      "dtype": self.param_dtype,
+      "torch_dtype": self.param_dtype,
+      "use_cache": True,
     }
     if self.arch in ("llama", "qwen3"):
       d["attention_bias"] = False

@@ -59,8 +59,17 @@ from lrl_jax import kernels, quant
 from lrl_jax.models.config import ModelConfig
 
 __all__ = [
-    "KVCache", "Numerics", "init_cache", "init_params", "forward", "forward_hidden", "logits_from_hidden",
-    "param_shapes", "check_params", "param_logical_axes", "ACTIVATION_AXES",
+  "KVCache",
+  "Numerics",
+  "init_cache",
+  "init_params",
+  "forward",
+  "forward_hidden",
+  "logits_from_hidden",
+  "param_shapes",
+  "check_params",
+  "param_logical_axes",
+  "ACTIVATION_AXES",
 ]
 
 _NEG = float(jnp.finfo(jnp.float32).min)  # masked score: finite, so a fully masked row gives no NaN
@@ -73,17 +82,17 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
   """'/'-joined path -> shape of every parameter `cfg` implies (the table in the module docstring)."""
   L, D, F, V, Dh = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
   s = {
-      "embed/embedding": (V, D),
-      "layers/input_norm/scale": (L, D),
-      "layers/attn/q_proj/kernel": (L, D, cfg.q_dim),
-      "layers/attn/k_proj/kernel": (L, D, cfg.kv_dim),
-      "layers/attn/v_proj/kernel": (L, D, cfg.kv_dim),
-      "layers/attn/o_proj/kernel": (L, cfg.q_dim, D),
-      "layers/post_attn_norm/scale": (L, D),
-      "layers/mlp/gate_proj/kernel": (L, D, F),
-      "layers/mlp/up_proj/kernel": (L, D, F),
-      "layers/mlp/down_proj/kernel": (L, F, D),
-      "final_norm/scale": (D,),
+    "embed/embedding": (V, D),
+    "layers/input_norm/scale": (L, D),
+    "layers/attn/q_proj/kernel": (L, D, cfg.q_dim),
+    "layers/attn/k_proj/kernel": (L, D, cfg.kv_dim),
+    "layers/attn/v_proj/kernel": (L, D, cfg.kv_dim),
+    "layers/attn/o_proj/kernel": (L, cfg.q_dim, D),
+    "layers/post_attn_norm/scale": (L, D),
+    "layers/mlp/gate_proj/kernel": (L, D, F),
+    "layers/mlp/up_proj/kernel": (L, D, F),
+    "layers/mlp/down_proj/kernel": (L, F, D),
+    "final_norm/scale": (D,),
   }
   if cfg.attention_bias:
     s["layers/attn/q_proj/bias"] = (L, cfg.q_dim)
@@ -99,34 +108,34 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 # Logical axis names of every parameter (the learner and the sampler map them to mesh axes).
 _PARAM_AXES = {
-    "embed/embedding": ("vocab", "embed"),
-    "layers/input_norm/scale": ("layers", "embed"),
-    "layers/attn/q_proj/kernel": ("layers", "embed", "heads"),
-    "layers/attn/q_proj/bias": ("layers", "heads"),
-    "layers/attn/k_proj/kernel": ("layers", "embed", "kv_heads"),
-    "layers/attn/k_proj/bias": ("layers", "kv_heads"),
-    "layers/attn/v_proj/kernel": ("layers", "embed", "kv_heads"),
-    "layers/attn/v_proj/bias": ("layers", "kv_heads"),
-    "layers/attn/o_proj/kernel": ("layers", "heads", "embed"),
-    "layers/attn/q_norm/scale": ("layers", "head_dim"),
-    "layers/attn/k_norm/scale": ("layers", "head_dim"),
-    "layers/post_attn_norm/scale": ("layers", "embed"),
-    "layers/mlp/gate_proj/kernel": ("layers", "embed", "mlp"),
-    "layers/mlp/up_proj/kernel": ("layers", "embed", "mlp"),
-    "layers/mlp/down_proj/kernel": ("layers", "mlp", "embed"),
-    "final_norm/scale": ("embed",),
-    "lm_head/kernel": ("embed", "vocab"),
+  "embed/embedding": ("vocab", "embed"),
+  "layers/input_norm/scale": ("layers", "embed"),
+  "layers/attn/q_proj/kernel": ("layers", "embed", "heads"),
+  "layers/attn/q_proj/bias": ("layers", "heads"),
+  "layers/attn/k_proj/kernel": ("layers", "embed", "kv_heads"),
+  "layers/attn/k_proj/bias": ("layers", "kv_heads"),
+  "layers/attn/v_proj/kernel": ("layers", "embed", "kv_heads"),
+  "layers/attn/v_proj/bias": ("layers", "kv_heads"),
+  "layers/attn/o_proj/kernel": ("layers", "heads", "embed"),
+  "layers/attn/q_norm/scale": ("layers", "head_dim"),
+  "layers/attn/k_norm/scale": ("layers", "head_dim"),
+  "layers/post_attn_norm/scale": ("layers", "embed"),
+  "layers/mlp/gate_proj/kernel": ("layers", "embed", "mlp"),
+  "layers/mlp/up_proj/kernel": ("layers", "embed", "mlp"),
+  "layers/mlp/down_proj/kernel": ("layers", "mlp", "embed"),
+  "final_norm/scale": ("embed",),
+  "lm_head/kernel": ("embed", "vocab"),
 }
 
 # Logical axis names of the activations `forward` constrains (active only inside
 # `flax.linen.logical_axis_rules(...)`; a no-op otherwise).
 ACTIVATION_AXES = {
-    "hidden_BTD": ("batch", "length", "embed"),
-    "q_BTHD": ("batch", "length", "heads", "head_dim"),
-    "kv_BTHD": ("batch", "length", "kv_heads", "head_dim"),
-    "mlp_BTF": ("batch", "length", "mlp"),
-    "logits_BTV": ("batch", "length", "vocab"),
-    "cache_LBSHD": ("layers", "batch", "cache_length", "kv_heads", "head_dim"),
+  "hidden_BTD": ("batch", "length", "embed"),
+  "q_BTHD": ("batch", "length", "heads", "head_dim"),
+  "kv_BTHD": ("batch", "length", "kv_heads", "head_dim"),
+  "mlp_BTF": ("batch", "length", "mlp"),
+  "logits_BTV": ("batch", "length", "vocab"),
+  "cache_LBSHD": ("layers", "batch", "cache_length", "kv_heads", "head_dim"),
 }
 
 
@@ -150,7 +159,7 @@ def param_logical_axes(params_or_cfg) -> Any:
     if isinstance(leaf, quant.QArray):
       if leaf.axis == -1:  # the nn.Linear layout (`kernels.linear_layout`): [.., N, K]
         names = (*names[:-2], names[-1], names[-2])
-      gs = None if leaf.global_scale is None else names[:leaf.global_scale.ndim]
+      gs = None if leaf.global_scale is None else names[: leaf.global_scale.ndim]
       zp = None if leaf.zero_point is None else names
       return dataclasses.replace(leaf, codes=names, scale=names, global_scale=gs, zero_point=zp)
     return names
@@ -162,7 +171,7 @@ def _learned_kernel(p: str) -> str | None:
   """'layers/attn/q_proj/kernel_scale' -> 'layers/attn/q_proj/kernel' (a learned INT4 scale / zero point)."""
   for suffix in (quant.SCALE_SUFFIX, quant.ZERO_SUFFIX):
     if p.endswith("kernel" + suffix):
-      return p[:-len(suffix)]
+      return p[: -len(suffix)]
   return None
 
 
@@ -209,13 +218,16 @@ def check_params(params, cfg: ModelConfig) -> None:
   QArray leaves are checked by their logical shape.
   """
   want = param_shapes(cfg)
-  got = {quant.path_str(kp): tuple(leaf.shape)
-         for kp, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, quant.QArray))}
+  got = {
+    quant.path_str(kp): tuple(leaf.shape)
+    for kp, leaf in jax.tree_util.tree_leaves_with_path(params, is_leaf=lambda x: isinstance(x, quant.QArray))
+  }
   for p in [p for p in got if _learned_kernel(p) in want]:  # learned INT4 scales: [.., K/G, N] next to the kernel
     k_shape, g_shape = want[_learned_kernel(p)], got.pop(p)
     if len(g_shape) != len(k_shape) or g_shape[-1] != k_shape[-1] or not g_shape[-2] or k_shape[-2] % g_shape[-2]:
-      raise ValueError(f"parameter {p}: expected group scales [.., K/G, {k_shape[-1]}] of the kernel {k_shape}, "
-                       f"got {g_shape}")
+      raise ValueError(
+        f"parameter {p}: expected group scales [.., K/G, {k_shape[-1]}] of the kernel {k_shape}, got {g_shape}"
+      )
   missing = sorted(set(want) - set(got))
   extra = sorted(set(got) - set(want))
   if missing or extra:
@@ -229,9 +241,9 @@ def check_params(params, cfg: ModelConfig) -> None:
 
 
 @functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["k", "v", "valid_BS", "k_scale", "v_scale"],
-    meta_fields=[],
+  jax.tree_util.register_dataclass,
+  data_fields=["k", "v", "valid_BS", "k_scale", "v_scale"],
+  meta_fields=[],
 )
 @dataclasses.dataclass(frozen=True)
 class KVCache:
@@ -259,14 +271,23 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=jnp.bfloat16) -
   """An empty cache of `max_len` slots per row; dtype bfloat16 / float16 / float32, or
   float8_e4m3fn (per-(token, head) float32 scales)."""
   dtype = jnp.dtype(dtype)
-  if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32),
-                   jnp.dtype(jnp.float8_e4m3fn)):
+  if dtype not in (
+    jnp.dtype(jnp.bfloat16),
+    jnp.dtype(jnp.float16),
+    jnp.dtype(jnp.float32),
+    jnp.dtype(jnp.float8_e4m3fn),
+  ):
     raise ValueError(f"init_cache: dtype must be bfloat16, float16, float32 or float8_e4m3fn; got {dtype}")
   shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
   fp8 = dtype == jnp.dtype(jnp.float8_e4m3fn)
   scale = jnp.ones(shape[:-1], jnp.float32) if fp8 else None
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                 valid_BS=jnp.zeros((batch, max_len), bool), k_scale=scale, v_scale=scale)
+  return KVCache(
+    k=jnp.zeros(shape, dtype),
+    v=jnp.zeros(shape, dtype),
+    valid_BS=jnp.zeros((batch, max_len), bool),
+    k_scale=scale,
+    v_scale=scale,
+  )
 
 
 def _fp8_encode(x):
@@ -303,7 +324,7 @@ def _rope(x_BTHD, positions_BT, theta):
   ang = positions_BT.astype(jnp.float32)[..., None] * inv_freq[None, None, :]  # [B, T, Dh/2]
   ang = jnp.concatenate([ang, ang], axis=-1)[:, :, None, :]  # [B, T, 1, Dh]
   xf = x_BTHD.astype(jnp.float32)
-  x1, x2 = xf[..., : dh // 2], xf[..., dh // 2:]
+  x1, x2 = xf[..., : dh // 2], xf[..., dh // 2 :]
   rot = jnp.concatenate([-x2, x1], axis=-1)
   return (xf * jnp.cos(ang) + rot * jnp.sin(ang)).astype(x_BTHD.dtype)
 
@@ -334,8 +355,9 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
     # Explicit ŵ: learned INT4 scales (LSQ), and/or QAT fading in: w + α·(ŵ − w), exactly ŵ once α >= 1.
     if qparams is not None:
       s, z = qparams
-      w_hat = quant.learned_fake_quant(w, s.astype(jnp.float32), None if z is None else z.astype(jnp.float32),
-                                       spec, axis=0)
+      w_hat = quant.learned_fake_quant(
+        w, s.astype(jnp.float32), None if z is None else z.astype(jnp.float32), spec, axis=0
+      )
     else:
       w_hat = quant.fake_quant(w, spec, axis=0)
     if alpha is not None:
@@ -366,8 +388,10 @@ def _dense(x, p: dict, name: str, specs: dict, lora_p: dict | None, lora_scale: 
   if spec is not None and getattr(spec, "learned", False):
     s_key, z_key = "kernel" + quant.SCALE_SUFFIX, "kernel" + quant.ZERO_SUFFIX
     if s_key not in p:
-      raise ValueError(f"layers/{name}/kernel: {spec} needs its learned scale 'kernel{quant.SCALE_SUFFIX}' "
-                       "(quant.init_learned(params, rules))")
+      raise ValueError(
+        f"layers/{name}/kernel: {spec} needs its learned scale 'kernel{quant.SCALE_SUFFIX}' "
+        "(quant.init_learned(params, rules))"
+      )
     qparams = (p[s_key], p.get(z_key) if spec.learn_zero_point else None)
   y = _matmul(x, w, spec, act, qparams, specs.get("alpha"))
   if "bias" in p:
@@ -394,8 +418,15 @@ def _attention(q_BTHD, k_BSKD, v_BSKD, mask_BTS, dtype):
 
 # --------------------------------------------------------------------------- forward
 
-_LAYER_KERNELS = ("attn/q_proj", "attn/k_proj", "attn/v_proj", "attn/o_proj",
-                  "mlp/gate_proj", "mlp/up_proj", "mlp/down_proj")
+_LAYER_KERNELS = (
+  "attn/q_proj",
+  "attn/k_proj",
+  "attn/v_proj",
+  "attn/o_proj",
+  "mlp/gate_proj",
+  "mlp/up_proj",
+  "mlp/down_proj",
+)
 
 
 @flax.struct.dataclass
@@ -489,8 +520,19 @@ def _default_positions(valid_BT, cache: KVCache | None):
   return before
 
 
-def forward_hidden(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache=None,
-                   cache_index=None, numerics: Numerics | None = None, lora=None, remat: bool = False):
+def forward_hidden(
+  params,
+  tokens_BT,
+  cfg: ModelConfig,
+  *,
+  positions_BT=None,
+  valid_BT=None,
+  cache=None,
+  cache_index=None,
+  numerics: Numerics | None = None,
+  lora=None,
+  remat: bool = False,
+):
   """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
 
   Same arguments as `forward`.
@@ -578,8 +620,9 @@ def forward_hidden(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, va
     L = cfg.num_layers
     carry = (x, cache.k, cache.v, cache.k_scale, cache.v_scale)
     (x, kc, vc, ks, vs), _ = lax.scan(body, carry, (layers, lora_params, jnp.arange(L, dtype=jnp.int32)))
-    new_cache = KVCache(k=_constrain(kc, "cache_LBSHD"), v=_constrain(vc, "cache_LBSHD"), valid_BS=valid_BS,
-                        k_scale=ks, v_scale=vs)
+    new_cache = KVCache(
+      k=_constrain(kc, "cache_LBSHD"), v=_constrain(vc, "cache_LBSHD"), valid_BS=valid_BS, k_scale=ks, v_scale=vs
+    )
 
   h = _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt)
   return h, new_cache
@@ -599,8 +642,19 @@ def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
   return jnp.einsum("...d,dv->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
 
 
-def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=None, cache: KVCache | None = None,
-            cache_index=None, numerics: Numerics | None = None, lora=None, remat: bool = False):
+def forward(
+  params,
+  tokens_BT,
+  cfg: ModelConfig,
+  *,
+  positions_BT=None,
+  valid_BT=None,
+  cache: KVCache | None = None,
+  cache_index=None,
+  numerics: Numerics | None = None,
+  lora=None,
+  remat: bool = False,
+):
   """Decoder forward pass.
 
   Args:
@@ -622,6 +676,16 @@ def forward(params, tokens_BT, cfg: ModelConfig, *, positions_BT=None, valid_BT=
   Returns:
     (logits_BTV float32 [B, T, V], the updated cache or None).
   """
-  h, cache = forward_hidden(params, tokens_BT, cfg, positions_BT=positions_BT, valid_BT=valid_BT, cache=cache,
-                            cache_index=cache_index, numerics=numerics, lora=lora, remat=remat)
+  h, cache = forward_hidden(
+    params,
+    tokens_BT,
+    cfg,
+    positions_BT=positions_BT,
+    valid_BT=valid_BT,
+    cache=cache,
+    cache_index=cache_index,
+    numerics=numerics,
+    lora=lora,
+    remat=remat,
+  )
   return _constrain(logits_from_hidden(params, h, cfg), "logits_BTV"), cache

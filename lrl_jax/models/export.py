@@ -46,7 +46,7 @@ import numpy as np
 from lrl_jax import quant
 from lrl_jax.models import _checkpoint as ckpt
 from lrl_jax.models.config import ModelConfig
-from lrl_jax.quant import Int4, NVFP4, QArray, QuantRules
+from lrl_jax.quant import NVFP4, Int4, QArray, QuantRules
 
 __all__ = ["export_compressed_tensors", "load_compressed_tensors", "quantization_config"]
 
@@ -64,22 +64,40 @@ def quantization_config(spec, ignore: list[str]) -> dict:
   if fmt is None:
     raise ValueError(f"export_compressed_tensors supports Int4 and NVFP4 specs, got {spec}")
   if isinstance(spec, Int4):
-    weights = {"num_bits": 4, "type": "int", "symmetric": not spec.asymmetric, "strategy": "group",
-               "group_size": spec.group_size}
+    weights = {
+      "num_bits": 4,
+      "type": "int",
+      "symmetric": not spec.asymmetric,
+      "strategy": "group",
+      "group_size": spec.group_size,
+    }
   else:
-    weights = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group",
-               "group_size": spec.block_size}
-  weights.update({"dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax",
-                  "observer_kwargs": {}})
+    weights = {
+      "num_bits": 4,
+      "type": "float",
+      "symmetric": True,
+      "strategy": "tensor_group",
+      "group_size": spec.block_size,
+    }
+  weights.update(
+    {"dynamic": False, "actorder": None, "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
+  )
   return {
-      "quant_method": "compressed-tensors",
-      "format": fmt,
-      "quantization_status": "compressed",
-      "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                                    "output_activations": None, "format": fmt}},
-      "ignore": ignore,
-      "kv_cache_scheme": None,
-      "global_compression_ratio": None,
+    "quant_method": "compressed-tensors",
+    "format": fmt,
+    "quantization_status": "compressed",
+    "config_groups": {
+      "group_0": {
+        "targets": ["Linear"],
+        "weights": weights,
+        "input_activations": None,
+        "output_activations": None,
+        "format": fmt,
+      }
+    },
+    "ignore": ignore,
+    "kv_cache_scheme": None,
+    "global_compression_ratio": None,
   }
 
 
@@ -127,8 +145,10 @@ def _quantize_kernels(cfg: ModelConfig, params, rules: QuantRules, fuse: bool, d
     paths = [e.path for e in kernels if e.path[-2] in group]
     specs = {selected[p] for p in paths}
     if len(specs) > 1:
-      raise ValueError(f"export_compressed_tensors: vLLM fuses {group} into one layer, so they need one "
-                       f"quantization scheme; the rules give {[str(selected[p]) for p in paths]}")
+      raise ValueError(
+        f"export_compressed_tensors: vLLM fuses {group} into one layer, so they need one "
+        f"quantization scheme; the rules give {[str(selected[p]) for p in paths]}"
+      )
     spec = specs.pop()
     if spec is None or not (fuse and isinstance(spec, NVFP4)):
       continue
@@ -137,15 +157,21 @@ def _quantize_kernels(cfg: ModelConfig, params, rules: QuantRules, fuse: bool, d
     start = 0
     for p, w in zip(paths, ws):
       n = w.shape[-1]
-      out[p] = QArray(codes=q.codes[..., start:start + n], scale=q.scale[..., start:start + n],
-                      global_scale=q.global_scale, spec=spec, axis=q.axis)
+      out[p] = QArray(
+        codes=q.codes[..., start : start + n],
+        scale=q.scale[..., start : start + n],
+        global_scale=q.global_scale,
+        spec=spec,
+        axis=q.axis,
+      )
       start += n
       done.add(p)
   for p, spec in selected.items():
     if spec is not None and p not in done:
       s, z = _learned(params, p, spec)
-      out[p] = _quantize(jnp.asarray(ckpt.get_path(params, p)).astype(dtype), spec, axis=rules.axis, scale=s,
-                         zero_point=z)
+      out[p] = _quantize(
+        jnp.asarray(ckpt.get_path(params, p)).astype(dtype), spec, axis=rules.axis, scale=s, zero_point=z
+      )
   return out
 
 
@@ -154,8 +180,10 @@ def _learned(params, path: tuple[str, ...], spec):
   node = ckpt.get_path(params, path[:-1])
   s, z = node.get(path[-1] + quant.SCALE_SUFFIX), node.get(path[-1] + quant.ZERO_SUFFIX)
   if getattr(spec, "learned", False) and s is None:
-    raise ValueError(f"export_compressed_tensors: {'/'.join(path)} is {spec} but has no learned scale "
-                     f"'{path[-1]}{quant.SCALE_SUFFIX}' next to it")
+    raise ValueError(
+      f"export_compressed_tensors: {'/'.join(path)} is {spec} but has no learned scale "
+      f"'{path[-1]}{quant.SCALE_SUFFIX}' next to it"
+    )
   if not getattr(spec, "learned", False):
     return None, None
   return s, (z if spec.learn_zero_point else None)
@@ -165,13 +193,25 @@ def _without_learned(params):
   """params without the learned INT4 scale / zero-point leaves (for the layout check)."""
   if not isinstance(params, dict):
     return params
-  return {k: _without_learned(v) for k, v in params.items()
-          if not (isinstance(k, str) and k.endswith(("kernel" + quant.SCALE_SUFFIX, "kernel" + quant.ZERO_SUFFIX)))}
+  return {
+    k: _without_learned(v)
+    for k, v in params.items()
+    if not (isinstance(k, str) and k.endswith(("kernel" + quant.SCALE_SUFFIX, "kernel" + quant.ZERO_SUFFIX)))
+  }
 
 
-def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params, spec, *,
-                              rules: QuantRules | None = None, dtype=jnp.bfloat16, fuse_global_scales: bool = True,
-                              tokenizer=None, max_shard_bytes: int | None = None) -> Path:
+def export_compressed_tensors(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params,
+  spec,
+  *,
+  rules: QuantRules | None = None,
+  dtype=jnp.bfloat16,
+  fuse_global_scales: bool = True,
+  tokenizer=None,
+  max_shard_bytes: int | None = None,
+) -> Path:
   """Writes a compressed-tensors checkpoint of the float `params`, quantized to `spec`.
 
   Args:
@@ -200,8 +240,10 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
   qs = _quantize_kernels(cfg, params, rules, fuse_global_scales, jnp.dtype(dtype))
   for p, q in qs.items():
     if type(q.spec) is not type(spec) or q.spec != spec:
-      raise ValueError(f"export_compressed_tensors: rule for {'/'.join(p)} gives {q.spec}, but one "
-                       f"checkpoint holds one scheme ({spec})")
+      raise ValueError(
+        f"export_compressed_tensors: rule for {'/'.join(p)} gives {q.spec}, but one "
+        f"checkpoint holds one scheme ({spec})"
+      )
   np_dtype = jnp.dtype(dtype)
   tensors: dict[str, np.ndarray] = {}
   ignore = [] if not cfg.tie_word_embeddings else ["lm_head"]
@@ -228,8 +270,10 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
         tensors[mod + ".weight_shape"] = np.array([n, k], np.int64)
         if q.zero_point is not None:
           if n % 8:
-            raise ValueError(f"export_compressed_tensors: {mod} has N={n} outputs; asymmetric INT4 packs zero "
-                             "points eight per int32 along N, so N must be a multiple of 8")
+            raise ValueError(
+              f"export_compressed_tensors: {mod} has N={n} outputs; asymmetric INT4 packs zero "
+              "points eight per int32 along N, so N must be a multiple of 8"
+            )
           zp = np.asarray(q.zero_point)[i].T  # [N, K/G] signed
           tensors[mod + ".weight_zero_point"] = quant.pack_int4_compressed_tensors(zp, axis=0)
       else:
@@ -244,8 +288,9 @@ def export_compressed_tensors(path: str | os.PathLike, cfg: ModelConfig, params,
 
 def _spec_from_config(qc: dict, where: Path):
   if not isinstance(qc, dict) or qc.get("quant_method") != "compressed-tensors":
-    raise ValueError(f"{where}: quantization_config.quant_method is "
-                     f"{(qc or {}).get('quant_method')!r}, expected 'compressed-tensors'")
+    raise ValueError(
+      f"{where}: quantization_config.quant_method is {(qc or {}).get('quant_method')!r}, expected 'compressed-tensors'"
+    )
   groups = qc.get("config_groups") or {}
   if len(groups) != 1:
     raise ValueError(f"{where}: expected one config group, got {sorted(groups)}")
@@ -254,11 +299,15 @@ def _spec_from_config(qc: dict, where: Path):
   if group.get("input_activations") is not None:
     raise ValueError(f"{where}: activation quantization is not supported (weight-only checkpoints)")
   fmt = group.get("format") or qc.get("format")
-  if fmt == "pack-quantized" and w.get("type") == "int" and w.get("num_bits") == 4 \
-      and w.get("strategy") == "group":
+  if fmt == "pack-quantized" and w.get("type") == "int" and w.get("num_bits") == 4 and w.get("strategy") == "group":
     return Int4(group_size=int(w["group_size"]), scheme="absmax" if w.get("symmetric", True) else "minmax")
-  if fmt == "nvfp4-pack-quantized" and w.get("type") == "float" and w.get("num_bits") == 4 \
-      and w.get("strategy") == "tensor_group" and w.get("group_size") == 16:
+  if (
+    fmt == "nvfp4-pack-quantized"
+    and w.get("type") == "float"
+    and w.get("num_bits") == 4
+    and w.get("strategy") == "tensor_group"
+    and w.get("group_size") == 16
+  ):
     return NVFP4()
   raise ValueError(f"{where}: unsupported compressed-tensors scheme: format {fmt!r}, weights {w}")
 
@@ -335,9 +384,14 @@ def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[Mod
         stacked = _pack_nibbles(np.stack(codes), axis=-2)  # [L, K/2, N], element 2i low
       else:
         spec_i, stacked = spec, np.stack(codes)
-      q = QArray(codes=jnp.asarray(stacked), scale=jnp.asarray(np.stack(scales)),
-                 global_scale=jnp.asarray(np.stack(gscales)) if gscales else None, spec=spec_i, axis=-2,
-                 zero_point=jnp.asarray(np.stack(zeros)) if zeros else None)
+      q = QArray(
+        codes=jnp.asarray(stacked),
+        scale=jnp.asarray(np.stack(scales)),
+        global_scale=jnp.asarray(np.stack(gscales)) if gscales else None,
+        spec=spec_i,
+        axis=-2,
+        zero_point=jnp.asarray(np.stack(zeros)) if zeros else None,
+      )
       ckpt._set(params, ent.path, q)
       continue
     parts = []

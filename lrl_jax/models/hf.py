@@ -30,8 +30,15 @@ from lrl_jax.models.config import ModelConfig
 from lrl_jax.models.export import export_compressed_tensors, load_compressed_tensors
 
 __all__ = [
-    "load_hf", "save_hf", "load_tokenizer", "Tokenizer", "load_gguf", "smollm2",
-    "export_compressed_tensors", "load_compressed_tensors", "config_from_hf_file",
+  "load_hf",
+  "save_hf",
+  "load_tokenizer",
+  "Tokenizer",
+  "load_gguf",
+  "smollm2",
+  "export_compressed_tensors",
+  "load_compressed_tensors",
+  "config_from_hf_file",
 ]
 
 
@@ -44,8 +51,9 @@ def config_from_hf_file(config_path: Path, **overrides) -> ModelConfig:
     raise ValueError(f"{config_path}: {err}") from None
 
 
-def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str | None = None
-            ) -> tuple[ModelConfig, dict]:
+def load_hf(
+  path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str | None = None
+) -> tuple[ModelConfig, dict]:
   """Loads an HF checkpoint directory (Llama / Qwen2 / Qwen3) into the decoder's parameter tree.
 
   Args:
@@ -72,15 +80,23 @@ def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str | 
   sources = ckpt.open_checkpoint(d)
 
   def tied_ok():
-    return np.array_equal(np.asarray(sources["lm_head.weight"].load()),
-                          np.asarray(sources["model.embed_tokens.weight"].load()))
+    return np.array_equal(
+      np.asarray(sources["lm_head.weight"].load()), np.asarray(sources["model.embed_tokens.weight"].load())
+    )
 
   params = ckpt.tree_from_sources(cfg, sources, dtype=dtype, origin=str(d), tied_ok=tied_ok)
   return cfg, params
 
 
-def save_hf(path: str | os.PathLike, cfg: ModelConfig, params, *, dtype=None, tokenizer: Tokenizer | None = None,
-            max_shard_bytes: int | None = None) -> Path:
+def save_hf(
+  path: str | os.PathLike,
+  cfg: ModelConfig,
+  params,
+  *,
+  dtype=None,
+  tokenizer: Tokenizer | None = None,
+  max_shard_bytes: int | None = None,
+) -> Path:
   """Writes a plain HF checkpoint (config.json + safetensors) that transformers and vLLM load.
 
   Args:

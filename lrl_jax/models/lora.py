@@ -79,8 +79,10 @@ def _targets(cfg: ModelConfig, lcfg: LoraConfig) -> dict[str, tuple[int, ...]]:
       continue  # targets are matched against weight matrices only (biases, norms never get adapters)
     if re.search(lcfg.targets, p):
       if not (p.startswith("layers/") and p.endswith("_proj/kernel")):
-        raise ValueError(f"LoRA target regex {lcfg.targets!r} selects {p!r}; only layer projection "
-                         f"kernels (layers/.../*_proj/kernel) can carry adapters")
+        raise ValueError(
+          f"LoRA target regex {lcfg.targets!r} selects {p!r}; only layer projection "
+          f"kernels (layers/.../*_proj/kernel) can carry adapters"
+        )
       out[p] = shape
   if not out:
     raise ValueError(f"LoRA target regex {lcfg.targets!r} selects no kernel of {sorted(shapes)}")

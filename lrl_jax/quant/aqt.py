@@ -43,17 +43,15 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-
 from aqt.jax.v2 import aqt_quantizer
 from aqt.jax.v2 import calibration as aqt_calibration
 from aqt.jax.v2 import utils as aqt_utils
 from aqt.jax.v2.numerics import fp8_numerics, int_numerics
+from jax import lax
 
 from lrl_jax.quant.dot import qdot
-from lrl_jax.quant.qarray import (_F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant,
-                                  quantize)
-from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, Int4, NVFP4, Spec
+from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant, quantize
+from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, NVFP4, Int4, Spec
 
 __all__ = ["dot_general_for", "aqt_fake_quant"]
 
@@ -109,19 +107,26 @@ class _DividingQuantizer(aqt_quantizer.Quantizer):
 def _numerics(spec: Int4 | FP8):
   if isinstance(spec, Int4):
     return int_numerics.IntSymmetric(
-        bits=4, preserve_zero=True, preserve_max_val=True, clip=True, round=True,
-        noise_fn=None, clip_gradient=False, dtype=jnp.int8)
+      bits=4,
+      preserve_zero=True,
+      preserve_max_val=True,
+      clip=True,
+      round=True,
+      noise_fn=None,
+      clip_gradient=False,
+      dtype=jnp.int8,
+    )
   return fp8_numerics.Fp8Numerics(dtype=jnp.float8_e4m3fn, exponent_bits=4, mantissa_bits=3)
 
 
 @functools.lru_cache(maxsize=None)
 def _quantizer(spec: Int4 | FP8) -> aqt_quantizer.Quantizer:
   q = _DividingQuantizer(
-      numerics=_numerics(spec),
-      calib_shared_axes=None,
-      scale_stop_grad=True,
-      calibration=functools.partial(_ContractCalibration, spec=spec),
-      context=aqt_utils.Context(key=None, train_step=None),
+    numerics=_numerics(spec),
+    calib_shared_axes=None,
+    scale_stop_grad=True,
+    calibration=functools.partial(_ContractCalibration, spec=spec),
+    context=aqt_utils.Context(key=None, train_step=None),
   )
   q.init_calibration()
   return q
@@ -147,8 +152,7 @@ _aqt_fake_quant.defvjp(_aqt_fake_quant_fwd, _aqt_fake_quant_bwd)
 def aqt_fake_quant(w: jax.Array, spec: Int4 | FP8, *, axis: int = -2) -> jax.Array:
   """ŵ computed by AQT's Quantizer; equals `quant.fake_quant(w, spec, axis=axis)` bit for bit."""
   if not (isinstance(spec, FP8) or (isinstance(spec, Int4) and spec.scheme == "absmax")):
-    raise ValueError(f"aqt_fake_quant supports symmetric absmax Int4 and FP8 specs; got {spec} "
-                     "(use quant.fake_quant)")
+    raise ValueError(f"aqt_fake_quant supports symmetric absmax Int4 and FP8 specs; got {spec} (use quant.fake_quant)")
   ax = check_spec(spec, w.shape, w.dtype, axis) % w.ndim
   return _aqt_fake_quant(w, spec, ax)
 
@@ -172,8 +176,13 @@ def _nvfp4_dot_bwd(dimension_numbers, spec, precision, preferred_element_type, r
   lhs, rhs = res
   (_, rhs_ca), _ = dimension_numbers
   w_hat = fake_quant(rhs, spec, axis=int(rhs_ca[0]))
-  _, vjp = jax.vjp(lambda a, b: lax.dot_general(a, b, dimension_numbers, precision=precision,
-                                                preferred_element_type=preferred_element_type), lhs, w_hat)
+  _, vjp = jax.vjp(
+    lambda a, b: lax.dot_general(
+      a, b, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+    ),
+    lhs,
+    w_hat,
+  )
   return vjp(g)
 
 
@@ -201,15 +210,18 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
   if act_spec is not None and not (isinstance(act_spec, FP8) and act_spec.granularity == "token"):
     raise ValueError(f"act_spec must be FP8(granularity='token'); got {act_spec}")
   if isinstance(spec, Int4) and spec.learned:
-    raise ValueError(f"{spec}: learned scales live in the parameter tree; fake-quantize the weight with "
-                     "quant.learned_fake_quant(w, scale, zero_point, spec) and use a plain dot")
+    raise ValueError(
+      f"{spec}: learned scales live in the parameter tree; fake-quantize the weight with "
+      "quant.learned_fake_quant(w, scale, zero_point, spec) and use a plain dot"
+    )
 
   def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
     (lhs_ca, rhs_ca), _ = dimension_numbers
     if spec is not None:
       if len(rhs_ca) != 1:
-        raise ValueError(f"{spec}: the weight must contract over one axis; got rhs shape {rhs.shape}, "
-                         f"contracting axes {tuple(rhs_ca)}")
+        raise ValueError(
+          f"{spec}: the weight must contract over one axis; got rhs shape {rhs.shape}, contracting axes {tuple(rhs_ca)}"
+        )
       axis = int(rhs_ca[0])
       if isinstance(spec, NVFP4):
         check_spec(spec, rhs.shape, rhs.dtype, axis)
@@ -228,7 +240,8 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
       if len(lhs_ca) != 1:
         raise ValueError(f"{act_spec}: activations must contract over one axis; got lhs shape {lhs.shape}")
       lhs = lax.optimization_barrier(aqt_fake_quant(lhs, act_spec, axis=int(lhs_ca[0])))
-    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
-                           preferred_element_type=preferred_element_type)
+    return lax.dot_general(
+      lhs, rhs, dimension_numbers, precision=precision, preferred_element_type=preferred_element_type
+    )
 
   return dot_general

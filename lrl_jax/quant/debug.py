@@ -23,8 +23,10 @@ def check_finite(tree, name: str = "tree") -> None:
     leaf = jnp.asarray(leaf)
     if jnp.issubdtype(leaf.dtype, jnp.floating):
       path = path_str(kp)
-      checkify.check(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))),
-                     f"non-finite values in {name}/{path}" if path else f"non-finite values in {name}")
+      checkify.check(
+        jnp.all(jnp.isfinite(leaf.astype(jnp.float32))),
+        f"non-finite values in {name}/{path}" if path else f"non-finite values in {name}",
+      )
 
 
 def checked(fn: Callable) -> Callable:

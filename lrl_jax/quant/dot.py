@@ -49,8 +49,10 @@ def qdot(x: jax.Array, q: QArray, dimension_numbers=None, *, precision=None, mat
     return y
   (_, rhs_c), (_, rhs_b) = dimension_numbers
   if rhs_b or len(rhs_c) != 1 or int(rhs_c[0]) % q.ndim < q.ndim - 2:
-    raise ValueError(f"qdot: an NVFP4 weight {q.shape} must contract over one of its last two axes and have no "
-                     f"batch dims (its decode scale is per matrix); got dimension_numbers {dimension_numbers}")
+    raise ValueError(
+      f"qdot: an NVFP4 weight {q.shape} must contract over one of its last two axes and have no "
+      f"batch dims (its decode scale is per matrix); got dimension_numbers {dimension_numbers}"
+    )
   # The output ends with the rhs free dims in order: the stack dims, then the matrix's free axis.
   dec = q.global_scale.astype(jnp.float32)
   return y * dec.reshape((1,) * (y.ndim - dec.ndim - 1) + dec.shape + (1,))

@@ -64,7 +64,7 @@ def _minmax_snap(x, spec: Int4, axis):
   w_hat = dequantize(q, jnp.float32)
   ax = axis % x.ndim
   G = spec.group_size
-  wg = w_hat.reshape(w_hat.shape[:ax] + (w_hat.shape[ax] // G, G) + w_hat.shape[ax + 1:])
+  wg = w_hat.reshape(w_hat.shape[:ax] + (w_hat.shape[ax] // G, G) + w_hat.shape[ax + 1 :])
   s = jnp.expand_dims(q.scale.astype(jnp.float32), ax + 1)
   z = jnp.expand_dims(q.zero_point.astype(jnp.float32), ax + 1)
   top = (spec.qmax - z) * s  # the value of the largest code
@@ -92,8 +92,10 @@ def _leaf_fixed_point(w, spec, axis, scale, zero, dtype, max_iters, path):
     x = y
   if bool(jnp.array_equal(_fake(x, spec, axis, scale, zero), x, equal_nan=True)):
     return x.astype(jnp.asarray(w).dtype), max_iters
-  raise ValueError(f"int4_aware_init: {path!r} ({spec}) reached no fixed point of fake quant in {max_iters} "
-                   f"passes (shape {tuple(x.shape)}, dtype {x.dtype}); raise max_iters")
+  raise ValueError(
+    f"int4_aware_init: {path!r} ({spec}) reached no fixed point of fake quant in {max_iters} "
+    f"passes (shape {tuple(x.shape)}, dtype {x.dtype}); raise max_iters"
+  )
 
 
 def int4_aware_init(params, rules: QuantRules, *, dtype=None, max_iters: int = 8, info: dict | None = None):
@@ -168,8 +170,10 @@ def next_token_kl(logits_p_BTV: jax.Array, logits_q_BTV: jax.Array, mask_BT: jax
     per-token KL), "bound" (token-mean of range(δ)²/8, ≥ kl), "logit_diff_max" (max |δ|), "count".
   """
   if logits_p_BTV.shape != logits_q_BTV.shape or logits_p_BTV.ndim != 3:
-    raise ValueError(f"next_token_kl: logits must be two [B, T, V] arrays of one shape; got "
-                     f"{tuple(logits_p_BTV.shape)} and {tuple(logits_q_BTV.shape)}")
+    raise ValueError(
+      f"next_token_kl: logits must be two [B, T, V] arrays of one shape; got "
+      f"{tuple(logits_p_BTV.shape)} and {tuple(logits_q_BTV.shape)}"
+    )
   B, T, _ = logits_p_BTV.shape
   if mask_BT is None:
     mask_BT = jnp.ones((B, T), bool)
@@ -185,15 +189,22 @@ def next_token_kl(logits_p_BTV: jax.Array, logits_q_BTV: jax.Array, mask_BT: jax
   n = jnp.sum(m)
   den = jnp.maximum(n, 1.0)
   kl = jnp.sum(kl_BT * m) / den
-  metrics = {"kl_max": jnp.max(jnp.where(mask_BT, kl_BT, 0.0)),
-             "bound": jnp.sum(rng_BT ** 2 / 8 * m) / den,
-             "logit_diff_max": jnp.max(jnp.where(mask_BT[..., None], jnp.abs(d), 0.0)),
-             "count": n}
+  metrics = {
+    "kl_max": jnp.max(jnp.where(mask_BT, kl_BT, 0.0)),
+    "bound": jnp.sum(rng_BT**2 / 8 * m) / den,
+    "logit_diff_max": jnp.max(jnp.where(mask_BT[..., None], jnp.abs(d), 0.0)),
+    "count": n,
+  }
   return kl, metrics
 
 
-def policy_jolt(forward_fn: Callable[[Any, QuantRules | None], jax.Array], params, rules: QuantRules, *,
-                mask_BT: jax.Array | None = None):
+def policy_jolt(
+  forward_fn: Callable[[Any, QuantRules | None], jax.Array],
+  params,
+  rules: QuantRules,
+  *,
+  mask_BT: jax.Array | None = None,
+):
   """The jolt of switching QAT on: token-mean KL(π_float ‖ π_QAT) of the next-token distribution.
 
   Args:

@@ -43,8 +43,15 @@ def _is_sibling(path: str, flat: dict, rules: QuantRules) -> bool:
   return base in flat and rules.spec_for(base) is not None
 
 
-def int4_group_steps(w: jax.Array, spec: Int4, *, axis: int, scale: jax.Array | None = None,
-                     zero_point: jax.Array | None = None, path: str = "kernel") -> jax.Array:
+def int4_group_steps(
+  w: jax.Array,
+  spec: Int4,
+  *,
+  axis: int,
+  scale: jax.Array | None = None,
+  zero_point: jax.Array | None = None,
+  path: str = "kernel",
+) -> jax.Array:
   """The INT4 grid step of each element's group, broadcast to `w`'s shape, float32.
 
   Args:
@@ -99,8 +106,10 @@ def int4_update_clip(rules: QuantRules, *, k: float = 1.0) -> optax.GradientTran
 
   def update_fn(updates, state, params=None):
     if params is None:
-      raise ValueError("int4_update_clip needs the params (the grid step of a group comes from them): call "
-                       "tx.update(updates, state, params)")
+      raise ValueError(
+        "int4_update_clip needs the params (the grid step of a group comes from them): call "
+        "tx.update(updates, state, params)"
+      )
     flat_p = _flat(params)
 
     def visit(kp, u):
@@ -112,10 +121,17 @@ def int4_update_clip(rules: QuantRules, *, k: float = 1.0) -> optax.GradientTran
         raise ValueError(f"int4_update_clip: update {path!r} has no parameter of that path")
       w = flat_p[path]
       if tuple(u.shape) != tuple(w.shape):
-        raise ValueError(f"int4_update_clip: update {path!r} has shape {tuple(u.shape)}, its parameter "
-                         f"{tuple(w.shape)}")
-      s = int4_group_steps(w, spec, axis=rules.axis, scale=flat_p.get(path + SCALE_SUFFIX),
-                           zero_point=flat_p.get(path + ZERO_SUFFIX), path=path)
+        raise ValueError(
+          f"int4_update_clip: update {path!r} has shape {tuple(u.shape)}, its parameter {tuple(w.shape)}"
+        )
+      s = int4_group_steps(
+        w,
+        spec,
+        axis=rules.axis,
+        scale=flat_p.get(path + SCALE_SUFFIX),
+        zero_point=flat_p.get(path + ZERO_SUFFIX),
+        path=path,
+      )
       bound = jax.lax.stop_gradient(k * s)
       return jnp.clip(u, -bound, bound).astype(u.dtype)
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
+from jax import lax
 
 __all__ = [
-    "pack_nibbles",
-    "unpack_nibbles",
-    "pack_int4_compressed_tensors",
-    "unpack_int4_compressed_tensors",
+  "pack_nibbles",
+  "unpack_nibbles",
+  "pack_int4_compressed_tensors",
+  "unpack_int4_compressed_tensors",
 ]
 
 
@@ -34,7 +34,7 @@ def pack_nibbles(codes: jax.Array, axis: int = -1) -> jax.Array:
   """[.., 2n, ..] uint8 codes in [0, 15] -> [.., n, ..] uint8; element 2i in the low nibble."""
   _check_even(codes, axis, "pack_nibbles")
   ax = axis % codes.ndim
-  pairs = codes.astype(jnp.uint8).reshape(codes.shape[:ax] + (codes.shape[ax] // 2, 2) + codes.shape[ax + 1:])
+  pairs = codes.astype(jnp.uint8).reshape(codes.shape[:ax] + (codes.shape[ax] // 2, 2) + codes.shape[ax + 1 :])
   lo = lax.index_in_dim(pairs, 0, ax + 1, keepdims=False)
   hi = lax.index_in_dim(pairs, 1, ax + 1, keepdims=False)
   return ((lo & 0xF) | ((hi & 0xF) << 4)).astype(jnp.uint8)
@@ -44,7 +44,7 @@ def unpack_nibbles(packed: jax.Array, axis: int = -1) -> jax.Array:
   """[.., n, ..] uint8 -> [.., 2n, ..] uint8 codes in [0, 15] (inverse of `pack_nibbles`)."""
   ax = axis % packed.ndim
   codes = jnp.stack([packed & 0xF, packed >> 4], axis=ax + 1)
-  return codes.reshape(packed.shape[:ax] + (2 * packed.shape[ax],) + packed.shape[ax + 1:])
+  return codes.reshape(packed.shape[:ax] + (2 * packed.shape[ax],) + packed.shape[ax + 1 :])
 
 
 def pack_int4_compressed_tensors(q: np.ndarray | jax.Array, axis: int = -1) -> np.ndarray:
@@ -59,7 +59,7 @@ def pack_int4_compressed_tensors(q: np.ndarray | jax.Array, axis: int = -1) -> n
     raise ValueError(f"pack_int4_compressed_tensors: codes must lie in [-8, 7], got [{q.min()}, {q.max()}]")
   u = np.moveaxis(q.astype(np.int64) + 8, axis, -1).astype(np.uint32)
   u = u.reshape(*u.shape[:-1], u.shape[-1] // 8, 8)
-  shifts = (4 * np.arange(8, dtype=np.uint32))
+  shifts = 4 * np.arange(8, dtype=np.uint32)
   packed = np.bitwise_or.reduce(u << shifts, axis=-1).astype(np.uint32)
   return np.moveaxis(packed.view(np.int32), -1, axis)
 
@@ -70,7 +70,7 @@ def unpack_int4_compressed_tensors(packed: np.ndarray | jax.Array, axis: int = -
   if packed.dtype != np.int32:
     raise ValueError(f"unpack_int4_compressed_tensors: expected int32, got {packed.dtype}")
   u = np.moveaxis(packed, axis, -1).view(np.uint32)
-  shifts = (4 * np.arange(8, dtype=np.uint32))
+  shifts = 4 * np.arange(8, dtype=np.uint32)
   codes = ((u[..., None] >> shifts) & 0xF).astype(np.int8) - 8
   codes = codes.reshape(*u.shape[:-1], u.shape[-1] * 8)
   return np.moveaxis(codes, -1, axis)

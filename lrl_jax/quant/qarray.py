@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lrl_jax.quant import packing
-from lrl_jax.quant.specs import FP4_MAX, FP8_MAX, FP8, INT4_MAX, INT4_SCALE_FLOOR, Int4, MXFP8, NVFP4, Spec
+from lrl_jax.quant.specs import FP4_MAX, FP8, FP8_MAX, INT4_MAX, INT4_SCALE_FLOOR, MXFP8, NVFP4, Int4, Spec
 
 __all__ = ["QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec"]
 
@@ -38,9 +38,9 @@ _INT4_SCALE_FLOOR = INT4_SCALE_FLOOR
 
 
 @functools.partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["codes", "scale", "global_scale", "zero_point"],
-    meta_fields=["spec", "axis"],
+  jax.tree_util.register_dataclass,
+  data_fields=["codes", "scale", "global_scale", "zero_point"],
+  meta_fields=["spec", "axis"],
 )
 @dataclasses.dataclass(frozen=True)
 class QArray:
@@ -120,22 +120,26 @@ def check_spec(spec: Spec, shape: tuple[int, ...], dtype, axis: int = -1) -> int
     raise TypeError(f"not a quantization spec: {spec!r}")
   shape = tuple(shape)
   if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize < 2:
-    raise ValueError(f"{spec}: expected a float32/bfloat16/float16 array, got dtype {jnp.dtype(dtype)} "
-                     f"(shape {shape}, axis {axis})")
+    raise ValueError(
+      f"{spec}: expected a float32/bfloat16/float16 array, got dtype {jnp.dtype(dtype)} (shape {shape}, axis {axis})"
+    )
   ax = _normalize_axis(spec, shape, axis)
   if isinstance(spec, FP8) and spec.granularity == "block":
     if len(shape) < 2:
       raise ValueError(f"{spec}: 2-D blocks need rank >= 2, got shape {shape} (axis {axis})")
     for d in (-2, -1):
       if shape[d] % spec.block:
-        raise ValueError(f"{spec}: dimension {len(shape) + d} of shape {shape} is not a multiple of "
-                         f"block {spec.block} (axis {axis})")
+        raise ValueError(
+          f"{spec}: dimension {len(shape) + d} of shape {shape} is not a multiple of block {spec.block} (axis {axis})"
+        )
   elif isinstance(spec, (Int4, MXFP8, NVFP4)):
     if shape[ax] % spec.block:
       raise ValueError(f"{spec}: group size {spec.block} does not divide axis {axis} of shape {shape}")
   if isinstance(spec, NVFP4) and len(shape) > 2 and ax < len(shape) - 2:
-    raise ValueError(f"{spec}: the per-matrix scale covers the last two axes; the group axis must be one of "
-                     f"them, got axis {axis} of shape {shape}")
+    raise ValueError(
+      f"{spec}: the per-matrix scale covers the last two axes; the group axis must be one of "
+      f"them, got axis {axis} of shape {shape}"
+    )
   return ax - len(shape)
 
 
@@ -164,13 +168,13 @@ def _groups(x: jax.Array, axis: int, size: int) -> jax.Array:
   `axis` is negative; in the grouped array the element axis keeps that same negative index.
   """
   ax = axis % x.ndim
-  return x.reshape(x.shape[:ax] + (x.shape[ax] // size, size) + x.shape[ax + 1:])
+  return x.reshape(x.shape[:ax] + (x.shape[ax] // size, size) + x.shape[ax + 1 :])
 
 
 def _ungroup(xg: jax.Array, axis: int) -> jax.Array:
   """Inverse of `_groups`."""
   e = axis % xg.ndim
-  return xg.reshape(xg.shape[:e - 1] + (xg.shape[e - 1] * xg.shape[e],) + xg.shape[e + 1:])
+  return xg.reshape(xg.shape[: e - 1] + (xg.shape[e - 1] * xg.shape[e],) + xg.shape[e + 1 :])
 
 
 def _scale_shape(scale_g: jax.Array, axis: int) -> jax.Array:
@@ -259,8 +263,10 @@ def _int4_qparams(xg, spec: Int4, axis, scale, zero_point):
     zp = jnp.zeros(s.shape, jnp.float32) if zero_point is None else jnp.asarray(zero_point, jnp.float32)
     z = _int4_zero(_scale_groups(zp, axis) if zero_point is not None else zp, spec)
   elif zero_point is not None:
-    raise ValueError(f"{spec}: a zero point was given but the spec is symmetric (scheme={spec.scheme!r}, "
-                     f"learn_zero_point={spec.learn_zero_point})")
+    raise ValueError(
+      f"{spec}: a zero point was given but the spec is symmetric (scheme={spec.scheme!r}, "
+      f"learn_zero_point={spec.learn_zero_point})"
+    )
   return s, z
 
 
@@ -392,8 +398,10 @@ def _check_qparams(spec: Spec, shape, axis: int, scale, zero_point):
   want[axis] //= spec.group_size
   for name, v in (("scale", scale), ("zero_point", zero_point)):
     if v is not None and tuple(jnp.shape(v)) != tuple(want):
-      raise ValueError(f"{spec}: {name} must have the group shape {tuple(want)} of an array {tuple(shape)} "
-                       f"grouped along axis {axis}; got {tuple(jnp.shape(v))}")
+      raise ValueError(
+        f"{spec}: {name} must have the group shape {tuple(want)} of an array {tuple(shape)} "
+        f"grouped along axis {axis}; got {tuple(jnp.shape(v))}"
+      )
 
 
 def quantize(x: jax.Array, spec: Spec, *, axis: int = -1, scale=None, zero_point=None) -> QArray:
@@ -519,8 +527,9 @@ def _learned_fake_quant_bwd(spec, axis, res, g):
 _learned_fake_quant.defvjp(_learned_fake_quant_fwd, _learned_fake_quant_bwd)
 
 
-def learned_fake_quant(w: jax.Array, scale: jax.Array, zero_point: jax.Array | None, spec: Int4, *,
-                       axis: int = -2) -> jax.Array:
+def learned_fake_quant(
+  w: jax.Array, scale: jax.Array, zero_point: jax.Array | None, spec: Int4, *, axis: int = -2
+) -> jax.Array:
   """Fake quant with trainable group scales (and zero points): the learned-scale INT4 forward.
 
   Forward: `dequantize(quantize(w, spec, axis=axis, scale=scale, zero_point=zero_point), w.dtype)`,

@@ -11,12 +11,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from lrl_jax.quant.qarray import dequantize, fake_quant, quantize
-from lrl_jax.quant.specs import FP8, Int4, MXFP8, NVFP4, Spec
+from lrl_jax.quant.specs import FP8, MXFP8, NVFP4, Int4, Spec
 
 __all__ = ["DEFAULT_SPECS", "Row", "error_table", "format_table"]
 
 DEFAULT_SPECS: tuple[Spec, ...] = (
-    Int4(group_size=32), Int4(group_size=128), FP8(), FP8(granularity="block"), MXFP8(), NVFP4())
+  Int4(group_size=32),
+  Int4(group_size=128),
+  FP8(),
+  FP8(granularity="block"),
+  MXFP8(),
+  NVFP4(),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +58,8 @@ def error_table(w: jax.Array, specs=DEFAULT_SPECS, *, axis: int = 0, repeats: in
     ms = 1e3 * _time(q_fn, w, repeats=repeats)
     w_hat = np.asarray(jax.jit(dequantize)(q), np.float64)
     fq = np.asarray(jax.jit(lambda x, spec=spec: fake_quant(x, spec, axis=axis))(w), np.float64)
-    rows.append(Row(
+    rows.append(
+      Row(
         name=spec.name,
         rel_error=float(np.linalg.norm(w_hat - w64) / np.linalg.norm(w64)),
         max_abs_error=float(np.abs(w_hat - w64).max()),
@@ -60,14 +67,19 @@ def error_table(w: jax.Array, specs=DEFAULT_SPECS, *, axis: int = 0, repeats: in
         quantize_ms=ms,
         compile_s=compile_s,
         contract_holds=bool(np.array_equal(fq, w_hat)),
-    ))
+      )
+    )
   return rows
 
 
 def format_table(rows: list[Row], title: str) -> str:
-  head = f"{'format':<14}{'rel err':>10}{'max |err|':>12}{'bits/w':>8}{'quantize ms':>13}{'compile s':>11}  fake==deq(q)"
+  head = (
+    f"{'format':<14}{'rel err':>10}{'max |err|':>12}{'bits/w':>8}{'quantize ms':>13}{'compile s':>11}  fake==deq(q)"
+  )
   lines = [title, head, "-" * len(head)]
   for r in rows:
-    lines.append(f"{r.name:<14}{r.rel_error:>10.4f}{r.max_abs_error:>12.4g}{r.bits_per_weight:>8.3f}"
-                 f"{r.quantize_ms:>13.1f}{r.compile_s:>11.2f}  {'yes' if r.contract_holds else 'NO'}")
+    lines.append(
+      f"{r.name:<14}{r.rel_error:>10.4f}{r.max_abs_error:>12.4g}{r.bits_per_weight:>8.3f}"
+      f"{r.quantize_ms:>13.1f}{r.compile_s:>11.2f}  {'yes' if r.contract_holds else 'NO'}"
+    )
   return "\n".join(lines)

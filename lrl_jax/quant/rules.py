@@ -22,8 +22,18 @@ import jax.numpy as jnp
 from lrl_jax.quant.qarray import QArray, dequantize, fake_quant, learned_fake_quant, quantize
 from lrl_jax.quant.specs import Spec
 
-__all__ = ["QuantRules", "DEFAULT_TARGETS", "path_str", "quantize_params", "fake_quant_params", "dequantize_params", "init_learned",
-           "SCALE_SUFFIX", "ZERO_SUFFIX", "sibling_base"]
+__all__ = [
+  "QuantRules",
+  "DEFAULT_TARGETS",
+  "path_str",
+  "quantize_params",
+  "fake_quant_params",
+  "dequantize_params",
+  "init_learned",
+  "SCALE_SUFFIX",
+  "ZERO_SUFFIX",
+  "sibling_base",
+]
 
 # Excluded first: the first matching rule wins.
 DEFAULT_KEEP = (r"embed", r"lm_head", r"norm", r"router", r"gate/kernel$", r"bias$")
@@ -89,7 +99,7 @@ def sibling_base(name: str) -> str | None:
   """'P/kernel' for a learned-scale sibling name 'P/kernel_scale' / 'P/kernel_zero' (a key or a path); else None."""
   for suffix in (SCALE_SUFFIX, ZERO_SUFFIX):
     if name.endswith(suffix):
-      return name[:-len(suffix)]
+      return name[: -len(suffix)]
   return None
 
 
@@ -116,7 +126,7 @@ def _map_selected(fn: Callable[..., Any], params, rules: QuantRules, *, drop_sib
     for k, v in node.items():
       path = f"{prefix}/{k}" if prefix else str(k)
       if isinstance(k, str) and _is_sibling(k, node) and not isinstance(v, dict):
-        if drop_siblings and rules.spec_for(path[:path.rindex("_")]) is not None:
+        if drop_siblings and rules.spec_for(path[: path.rindex("_")]) is not None:
           continue
         out[k] = v
         continue
@@ -134,22 +144,33 @@ def _map_selected(fn: Callable[..., Any], params, rules: QuantRules, *, drop_sib
 
   if not isinstance(params, dict):
     return jax.tree_util.tree_map_with_path(
-        lambda kp, leaf: leaf if rules.spec_for(path_str(kp)) is None
-        else fn(leaf, rules.spec_for(path_str(kp)), None, None, path_str(kp)), params)
+      lambda kp, leaf: (
+        leaf
+        if rules.spec_for(path_str(kp)) is None
+        else fn(leaf, rules.spec_for(path_str(kp)), None, None, path_str(kp))
+      ),
+      params,
+    )
   return visit(params, "")
 
 
 def _check_learned(spec, path, scale, zero):
   learned = getattr(spec, "learned", False)
   if learned and scale is None:
-    raise ValueError(f"{path}: {spec} needs its learned scale `{path}{SCALE_SUFFIX}` next to it "
-                     f"(create it with quant.init_learned(params, rules))")
+    raise ValueError(
+      f"{path}: {spec} needs its learned scale `{path}{SCALE_SUFFIX}` next to it "
+      f"(create it with quant.init_learned(params, rules))"
+    )
   if learned and spec.learn_zero_point and zero is None:
-    raise ValueError(f"{path}: {spec} needs its learned zero point `{path}{ZERO_SUFFIX}` next to it "
-                     f"(create it with quant.init_learned(params, rules))")
+    raise ValueError(
+      f"{path}: {spec} needs its learned zero point `{path}{ZERO_SUFFIX}` next to it "
+      f"(create it with quant.init_learned(params, rules))"
+    )
   if not learned and (scale is not None or zero is not None):
-    raise ValueError(f"{path}: has a learned scale / zero point next to it but the rules give {spec} "
-                     f"(scheme={getattr(spec, 'scheme', None)!r}); use Int4(scheme='learned')")
+    raise ValueError(
+      f"{path}: has a learned scale / zero point next to it but the rules give {spec} "
+      f"(scheme={getattr(spec, 'scheme', None)!r}); use Int4(scheme='learned')"
+    )
 
 
 def quantize_params(params, rules: QuantRules):
@@ -158,8 +179,12 @@ def quantize_params(params, rules: QuantRules):
   Learned INT4 scales / zero points next to a kernel are used as they are (never recomputed
   from the weights) and move into its QArray.
   """
-  return _map_selected(lambda w, spec, s, z, _: quantize(w, spec, axis=rules.axis, scale=s, zero_point=z),
-                       params, rules, drop_siblings=True)
+  return _map_selected(
+    lambda w, spec, s, z, _: quantize(w, spec, axis=rules.axis, scale=s, zero_point=z),
+    params,
+    rules,
+    drop_siblings=True,
+  )
 
 
 def fake_quant_params(params, rules: QuantRules):
@@ -168,8 +193,9 @@ def fake_quant_params(params, rules: QuantRules):
 
   def one(w, spec, s, z, _):
     if s is not None:
-      return learned_fake_quant(w, s.astype(jnp.float32), None if z is None else z.astype(jnp.float32), spec,
-                                axis=rules.axis)
+      return learned_fake_quant(
+        w, s.astype(jnp.float32), None if z is None else z.astype(jnp.float32), spec, axis=rules.axis
+      )
     return fake_quant(w, spec, axis=rules.axis)
 
   return _map_selected(one, params, rules, drop_siblings=False)
@@ -216,5 +242,5 @@ def init_learned(params, rules: QuantRules, *, dtype=None, overwrite: bool = Fal
 def dequantize_params(served, dtype=jnp.float32):
   """Served tree -> float tree (QArrays dequantized)."""
   return jax.tree_util.tree_map(
-      lambda x: dequantize(x, dtype) if isinstance(x, QArray) else x, served,
-      is_leaf=lambda x: isinstance(x, QArray))
+    lambda x: dequantize(x, dtype) if isinstance(x, QArray) else x, served, is_leaf=lambda x: isinstance(x, QArray)
+  )

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Union
 
-import jax.numpy as jnp
-
 __all__ = ["Int4", "FP8", "MXFP8", "NVFP4", "Spec"]
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn

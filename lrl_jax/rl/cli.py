@@ -74,9 +74,12 @@ def train_main(argv: list[str] | None = None) -> int:
   if cfg is None:
     return err
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-  print(f"lrl-jax train {args.config}: model {cfg.model.source}, learner {cfg.quant.learner} / sampler "
-        f"{cfg.quant.sampler}, {cfg.learner.policy_loss} + {cfg.learner.correction.method}; "
-        f"{cfg.run.sft_steps} warm-up + {cfg.run.steps} RL steps -> {cfg.run.out_dir}", flush=True)
+  print(
+    f"lrl-jax train {args.config}: model {cfg.model.source}, learner {cfg.quant.learner} / sampler "
+    f"{cfg.quant.sampler}, {cfg.learner.policy_loss} + {cfg.learner.correction.method}; "
+    f"{cfg.run.sft_steps} warm-up + {cfg.run.steps} RL steps -> {cfg.run.out_dir}",
+    flush=True,
+  )
   try:
     r = train(cfg, resume=args.resume, progress=not args.no_progress, export=not args.no_export)
   except NonFiniteError as e:
@@ -86,8 +89,11 @@ def train_main(argv: list[str] | None = None) -> int:
     print(f"lrl-jax train: config error: {e}", file=sys.stderr)
     return EXIT_CONFIG
   if r.accuracy_before is not None and r.accuracy_after is not None:
-    print(f"accuracy before RL {100 * r.accuracy_before:.1f}% -> after RL {100 * r.accuracy_after:.1f}%; "
-          f"mean |π − μ| {r.mismatch_mean:.3g}; outputs in {r.out_dir}", flush=True)
+    print(
+      f"accuracy before RL {100 * r.accuracy_before:.1f}% -> after RL {100 * r.accuracy_after:.1f}%; "
+      f"mean |π − μ| {r.mismatch_mean:.3g}; outputs in {r.out_dir}",
+      flush=True,
+    )
   return 0
 
 
@@ -122,9 +128,11 @@ def eval_main(argv: list[str] | None = None) -> int:
     served, lora = served_weights(state, setup)  # as the run's own evaluations serve it
     what = f"{run} (step {int(state.step)})"
   ev = evaluate(served, setup, cfg, size=args.size, lora=lora)
-  print(f"{what}: eval accuracy {100 * ev['eval_accuracy']:.1f}% on {args.size or cfg.task.eval_size} problems "
-        f"(reward mean {ev['eval_reward_mean']:.3f}, mean length {ev['eval_response_len']:.1f} tokens, "
-        f"sampler weights {cfg.quant.sampler})")
+  print(
+    f"{what}: eval accuracy {100 * ev['eval_accuracy']:.1f}% on {args.size or cfg.task.eval_size} problems "
+    f"(reward mean {ev['eval_reward_mean']:.3f}, mean length {ev['eval_response_len']:.1f} tokens, "
+    f"sampler weights {cfg.quant.sampler})"
+  )
   return 0
 
 
@@ -143,8 +151,7 @@ def export_main(argv: list[str] | None = None) -> int:
   if run.name == "checkpoints":
     run = run.parent
   if not (run / "config.yaml").is_file():
-    print(f"lrl-jax export: {run} has no config.yaml (pass the run directory `lrl-jax train` wrote)",
-          file=sys.stderr)
+    print(f"lrl-jax export: {run} has no config.yaml (pass the run directory `lrl-jax train` wrote)", file=sys.stderr)
     return EXIT_CONFIG
   over = [f"run.out_dir={run}"]
   if args.group_size is not None:
@@ -159,9 +166,15 @@ def export_main(argv: list[str] | None = None) -> int:
   spec = cfg.quant.spec(args.format)
   params = merge_lora(state.params, state.lora if state.trainable == "lora" else None)
   try:
-    path = models.export_compressed_tensors(args.out_dir, setup.model_cfg, jax.device_get(params), spec,
-                                            rules=cfg.quant.rules(spec), dtype=jnp.bfloat16,
-                                            tokenizer=setup.tokenizer)
+    path = models.export_compressed_tensors(
+      args.out_dir,
+      setup.model_cfg,
+      jax.device_get(params),
+      spec,
+      rules=cfg.quant.rules(spec),
+      dtype=jnp.bfloat16,
+      tokenizer=setup.tokenizer,
+    )
   except ValueError as e:
     print(f"lrl-jax export: {e}", file=sys.stderr)
     return EXIT_CONFIG

@@ -103,13 +103,23 @@ def encode_prompt_batch(task, prompts) -> tuple[np.ndarray, np.ndarray]:
   return tok, val
 
 
-def _generate(served, tokens, valid, setup: Setup, cfg, key, *, evaluation: bool, lora=None,
-              group_size: int = 1) -> Rollout:
+def _generate(
+  served, tokens, valid, setup: Setup, cfg, key, *, evaluation: bool, lora=None, group_size: int = 1
+) -> Rollout:
   enc = setup.task.encoder
   sampling = cfg.sampler.sampling(eos_id=enc.eos_id, pad_id=enc.pad_id, evaluation=evaluation)
-  return generate(served, jnp.asarray(tokens), jnp.asarray(valid), setup.sampler_cfg, sampling, key,
-                  group_size=group_size, cache_dtype=setup.sampler_cfg.dtype, act_spec=cfg.quant.act_spec,
-                  lora=lora)
+  return generate(
+    served,
+    jnp.asarray(tokens),
+    jnp.asarray(valid),
+    setup.sampler_cfg,
+    sampling,
+    key,
+    group_size=group_size,
+    cache_dtype=setup.sampler_cfg.dtype,
+    act_spec=cfg.quant.act_spec,
+    lora=lora,
+  )
 
 
 def _score(task, rollout: Rollout, prompt_len: int, refs, cfg):
@@ -135,9 +145,12 @@ def evaluate(served, setup: Setup, cfg, *, size: int | None = None, seed: int = 
   key = jax.random.PRNGKey(seed)
   roll = _generate(served, tok, val, setup, cfg, key, evaluation=True, lora=lora)
   rewards, stats = _score(setup.task, roll, tok.shape[1], refs, cfg)
-  return {"eval_accuracy": float(np.mean(rewards >= 1.0)), "eval_reward_mean": float(np.mean(rewards)),
-          "eval_response_len": float(np.mean(np.asarray(roll.lengths))),
-          "eval_reward_failed": int(stats["failed"])}
+  return {
+    "eval_accuracy": float(np.mean(rewards >= 1.0)),
+    "eval_reward_mean": float(np.mean(rewards)),
+    "eval_response_len": float(np.mean(np.asarray(roll.lengths))),
+    "eval_reward_failed": int(stats["failed"]),
+  }
 
 
 @functools.partial(jax.jit, static_argnames=("lcfg",))
@@ -202,8 +215,21 @@ def _shard(tree, mesh):
   return tree if mesh is None else L.shard_batch(tree, mesh)
 
 
-def _rl_step(k: int, state, setup: Setup, cfg, *, served_now, queue, buffer: RolloutBuffer, ref_params, mesh,
-             sample_key, guard: L.NonFiniteGuard, timings: dict):
+def _rl_step(
+  k: int,
+  state,
+  setup: Setup,
+  cfg,
+  *,
+  served_now,
+  queue,
+  buffer: RolloutBuffer,
+  ref_params,
+  mesh,
+  sample_key,
+  guard: L.NonFiniteGuard,
+  timings: dict,
+):
   """One RL step; returns (state, metrics record)."""
   task, lcfg = setup.task, cfg.learner
   G, K = cfg.sampler.group_size, lcfg.minibatches
@@ -217,8 +243,9 @@ def _rl_step(k: int, state, setup: Setup, cfg, *, served_now, queue, buffer: Rol
   served, lora = served_lora
 
   t0 = time.perf_counter()
-  roll = _generate(served, tok, val, setup, cfg, jax.random.fold_in(sample_key, k), evaluation=False, lora=lora,
-                   group_size=G)
+  roll = _generate(
+    served, tok, val, setup, cfg, jax.random.fold_in(sample_key, k), evaluation=False, lora=lora, group_size=G
+  )
   roll = jax.block_until_ready(roll)
   t_gen = time.perf_counter() - t0
 
@@ -228,13 +255,21 @@ def _rl_step(k: int, state, setup: Setup, cfg, *, served_now, queue, buffer: Rol
 
   t0 = time.perf_counter()
   roll = _shard(roll.replace(rewards=jnp.asarray(rewards, jnp.float32)), mesh)
-  roll, prep = L.prepare_rollout(state, roll, ref_params, model_cfg=setup.model_cfg, cfg=lcfg, mesh=mesh,
-                                 with_old_logp=L.needs_old_logp(lcfg) or queue is not None)
+  roll, prep = L.prepare_rollout(
+    state,
+    roll,
+    ref_params,
+    model_cfg=setup.model_cfg,
+    cfg=lcfg,
+    mesh=mesh,
+    with_old_logp=L.needs_old_logp(lcfg) or queue is not None,
+  )
   buffer.put(roll, step=k)
   ms = []
   for rows in buffer.minibatch_rows():
-    state, m = L.train_step(state, roll, model_cfg=setup.model_cfg, cfg=lcfg, mesh=mesh,
-                            rows=None if rows is None else jnp.asarray(rows))
+    state, m = L.train_step(
+      state, roll, model_cfg=setup.model_cfg, cfg=lcfg, mesh=mesh, rows=None if rows is None else jnp.asarray(rows)
+    )
     m = jax.device_get(m)
     guard.check(m, step=k)
     ms.append(m)
@@ -242,27 +277,37 @@ def _rl_step(k: int, state, setup: Setup, cfg, *, served_now, queue, buffer: Rol
 
   n_tok = int(np.asarray(roll.loss_mask).sum())
   rec = {
-      "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-      "accuracy": float(np.mean(rewards >= 1.0)),
-      "response_len": float(np.asarray(roll.lengths).mean()),
-      "reward_failed": int(rstats["failed"]), "reward_timeouts": int(rstats["timeouts"]),
-      "advantage_abs_mean": float(np.abs(np.asarray(roll.advantages)).mean()),
-      "policy_lag": k - version,
+    "reward_mean": float(rewards.mean()),
+    "reward_std": float(rewards.std()),
+    "accuracy": float(np.mean(rewards >= 1.0)),
+    "response_len": float(np.asarray(roll.lengths).mean()),
+    "reward_failed": int(rstats["failed"]),
+    "reward_timeouts": int(rstats["timeouts"]),
+    "advantage_abs_mean": float(np.abs(np.asarray(roll.advantages)).mean()),
+    "policy_lag": k - version,
   }
   rec.update(_mean_metrics(ms))
   if K > 1 and prep:
     # With K updates the later minibatches see an already-updated π; the train-inference mismatch proper
     # is π_old (the weights that were synced) vs μ, on the whole batch (`prepare_rollout`).
     rec.update({n: float(v) for n, v in jax.device_get(prep).items()})
-  rec.update({"time/generate_s": t_gen, "time/reward_s": t_rew, "time/learner_s": t_learn,
-              "time/sync_s": float(timings.get("sync_s", float("nan"))),
-              "tokens_per_s": n_tok / max(t_gen, 1e-9), "generated_tokens": n_tok})
+  rec.update(
+    {
+      "time/generate_s": t_gen,
+      "time/reward_s": t_rew,
+      "time/learner_s": t_learn,
+      "time/sync_s": float(timings.get("sync_s", float("nan"))),
+      "tokens_per_s": n_tok / max(t_gen, 1e-9),
+      "generated_tokens": n_tok,
+    }
+  )
   buffer.clear()
   return state, rec
 
 
-def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = True,
-          _fail_after: int | None = None) -> RunResult:
+def train(
+  cfg, *, resume: bool = False, progress: bool = True, export: bool = True, _fail_after: int | None = None
+) -> RunResult:
   """Runs the configured job: warm-up, RL steps with evaluation and checkpoints, plots, summary, export.
 
   Args:
@@ -283,8 +328,11 @@ def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = Tr
   out.mkdir(parents=True, exist_ok=True)
   cfg.dump_yaml(out / "config.yaml")
   if cfg.sampler.temperature not in (0.0, 1.0):
-    log.warning("sampler.temperature=%s: μ is sampled at that temperature while the learner's π is at 1, "
-                "so the measured mismatch includes the temperature change", cfg.sampler.temperature)
+    log.warning(
+      "sampler.temperature=%s: μ is sampled at that temperature while the learner's π is at 1, "
+      "so the measured mismatch includes the temperature change",
+      cfg.sampler.temperature,
+    )
   K = cfg.learner.minibatches
   mesh = learner_mesh(cfg)
   setup = build_model(cfg)
@@ -313,8 +361,12 @@ def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = Tr
     logger = M.MetricsLogger(out)
   ref_params = None
   records: list[dict] = []
-  paths = {"out_dir": str(out), "metrics": str(logger.path), "config": str(out / "config.yaml"),
-           "checkpoints": ckpt.directory}
+  paths = {
+    "out_dir": str(out),
+    "metrics": str(logger.path),
+    "config": str(out / "config.yaml"),
+    "checkpoints": ckpt.directory,
+  }
   try:
     if state is None:
       params = supervised_warmup(cfg, setup, setup.params, logger=logger, progress=progress)
@@ -335,8 +387,13 @@ def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = Tr
       (out / _PRE_RL).write_text(json.dumps(pre))
       logger.log(0, ev, phase="eval")
 
-    bar = tqdm(total=cfg.run.steps, initial=start, desc=f"RL ({cfg.learner.policy_loss})", disable=not progress,
-               dynamic_ncols=True)
+    bar = tqdm(
+      total=cfg.run.steps,
+      initial=start,
+      desc=f"RL ({cfg.learner.policy_loss})",
+      disable=not progress,
+      dynamic_ncols=True,
+    )
     for k in range(start, cfg.run.steps):
       if _fail_after is not None and k >= _fail_after:
         raise KeyboardInterrupt(f"simulated interruption before RL step {k}")
@@ -344,14 +401,29 @@ def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = Tr
       served_lora = served_weights(state, setup, timings)
       if k > 0 and cfg.run.eval_every and k % cfg.run.eval_every == 0:
         logger.log(k, evaluate(served_lora[0], setup, cfg, lora=served_lora[1]), phase="eval")
-      state, rec = _rl_step(k, state, setup, cfg, served_now=served_lora, queue=queue, buffer=buffer,
-                            ref_params=ref_params, mesh=mesh, sample_key=sample_key, guard=guard, timings=timings)
+      state, rec = _rl_step(
+        k,
+        state,
+        setup,
+        cfg,
+        served_now=served_lora,
+        queue=queue,
+        buffer=buffer,
+        ref_params=ref_params,
+        mesh=mesh,
+        sample_key=sample_key,
+        guard=guard,
+        timings=timings,
+      )
       records.append(logger.log(k, rec))
       if cfg.run.ckpt_every and (k + 1) % cfg.run.ckpt_every == 0:
         ckpt.save(state)
       bar.update(1)
-      bar.set_postfix(reward=f"{rec['reward_mean']:.2f}", acc=f"{rec['accuracy']:.2f}",
-                      mismatch=f"{rec.get('mismatch/prob_abs_diff_mean', float('nan')):.1e}")
+      bar.set_postfix(
+        reward=f"{rec['reward_mean']:.2f}",
+        acc=f"{rec['accuracy']:.2f}",
+        mismatch=f"{rec.get('mismatch/prob_abs_diff_mean', float('nan')):.1e}",
+      )
     bar.close()
     steps_done = int(jax.device_get(state.step)) // K
     ckpt.save(state)
@@ -375,12 +447,19 @@ def train(cfg, *, resume: bool = False, progress: bool = True, export: bool = Tr
   mism = [r.get("mismatch/prob_abs_diff_mean") for r in rl if r.get("mismatch/prob_abs_diff_mean") is not None]
   rewards = [r["reward_mean"] for r in rl]
   result = RunResult(
-      out_dir=out, steps=steps_done, accuracy_before=pre.get("accuracy_before"),
-      accuracy_after=final["eval_accuracy"], mismatch_mean=float(np.mean(mism)) if mism else float("nan"),
-      reward_first=float(np.mean(rewards[:5])) if rewards else float("nan"),
-      reward_last=float(np.mean(rewards[-5:])) if rewards else float("nan"),
-      reward_failures=int(sum(r.get("reward_failed", 0) for r in rl)),
-      skipped_steps=int(guard.total_skipped), wall_s=time.perf_counter() - t_start, paths=paths, records=records)
+    out_dir=out,
+    steps=steps_done,
+    accuracy_before=pre.get("accuracy_before"),
+    accuracy_after=final["eval_accuracy"],
+    mismatch_mean=float(np.mean(mism)) if mism else float("nan"),
+    reward_first=float(np.mean(rewards[:5])) if rewards else float("nan"),
+    reward_last=float(np.mean(rewards[-5:])) if rewards else float("nan"),
+    reward_failures=int(sum(r.get("reward_failed", 0) for r in rl)),
+    skipped_steps=int(guard.total_skipped),
+    wall_s=time.perf_counter() - t_start,
+    paths=paths,
+    records=records,
+  )
   paths["summary"] = str(out / "summary.md")
   text = M.write_run_summary(cfg, result, rl)
   if progress:
@@ -395,6 +474,12 @@ def _export(state, setup: Setup, cfg, path: Path) -> Path:
   """
   params = merge_lora(state.params, state.lora if state.trainable == "lora" else None)
   spec = cfg.quant.sampler_spec
-  return models.export_compressed_tensors(path, setup.model_cfg, jax.device_get(params), spec,
-                                          rules=cfg.quant.rules(spec), dtype=jnp.bfloat16,
-                                          tokenizer=setup.tokenizer)
+  return models.export_compressed_tensors(
+    path,
+    setup.model_cfg,
+    jax.device_get(params),
+    spec,
+    rules=cfg.quant.rules(spec),
+    dtype=jnp.bfloat16,
+    tokenizer=setup.tokenizer,
+  )

@@ -18,8 +18,15 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["MetricsLogger", "read_metrics", "plot_run", "summary_table", "write_summary", "write_run_summary",
-           "smoothness"]
+__all__ = [
+  "MetricsLogger",
+  "read_metrics",
+  "plot_run",
+  "summary_table",
+  "write_summary",
+  "write_run_summary",
+  "smoothness",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +58,16 @@ class MetricsLogger:
       self.path.write_text("")
       shutil.rmtree(self.out_dir / "tb", ignore_errors=True)  # a fresh run: no stale event files
     else:
-      keep = [r for r in read_metrics(self.path) if r.get("phase") in ("sft", "pre") or
-              r.get("step", 0) < resume_from_step]
+      keep = [
+        r for r in read_metrics(self.path) if r.get("phase") in ("sft", "pre") or r.get("step", 0) < resume_from_step
+      ]
       self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
     self._f = open(self.path, "a", encoding="utf-8")
     self._tb = None
     if tensorboard:
       try:
-        from tensorboardX import SummaryWriter
+        from tensorboardX import SummaryWriter  # lazy: protobuf-heavy, and only when TensorBoard is asked for  # noqa: PLC0415
+
         self._tb = SummaryWriter(str(self.out_dir / "tb"))
       except ImportError:
         log.warning("tensorboardX is not installed: metrics go to %s only (pip install tensorboardX)", self.path)
@@ -126,9 +135,10 @@ def plot_run(out_dir: str | os.PathLike, records: list[dict] | None = None) -> l
   out_dir = Path(out_dir)
   records = read_metrics(out_dir / "metrics.jsonl") if records is None else records
   try:
-    import matplotlib
+    import matplotlib  # lazy: selecting the Agg backend at import would override a notebook's inline one  # noqa: PLC0415
+
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
   except ImportError:
     log.warning("matplotlib is not installed: no plots")
     return []
@@ -149,8 +159,12 @@ def plot_run(out_dir: str | os.PathLike, records: list[dict] | None = None) -> l
   plt.close(fig)
 
   fig, ax = plt.subplots(figsize=(6.4, 4.0))
-  for key, label in (("mismatch/prob_abs_diff_mean", "mean |π − μ|"), ("mismatch/kl_k3", "KL(μ‖π) k3"),
-                     ("correction/acrl_y", "ACRL Y"), ("correction/acrl_x", "ACRL X")):
+  for key, label in (
+    ("mismatch/prob_abs_diff_mean", "mean |π − μ|"),
+    ("mismatch/kl_k3", "KL(μ‖π) k3"),
+    ("correction/acrl_y", "ACRL Y"),
+    ("correction/acrl_x", "ACRL X"),
+  ):
     s, v = _series(records, "rl", key)
     if s.size:
       ax.plot(s, np.maximum(v, 1e-16), label=label)  # log axis: exact zeros drawn at 1e-16
@@ -195,20 +209,24 @@ def write_run_summary(cfg, r, rl: list[dict]) -> str:
   tsync = sum(x.get("time/sync_s", 0) or 0 for x in rl)
   lrn = cfg.learner
   rows = [
-      ("model", f"{cfg.model.source} ({cfg.model.arch})" if cfg.model.source == "tiny" else cfg.model.source),
-      ("learner QAT / sampler weights", f"{cfg.quant.learner} / {cfg.quant.sampler}"
-                                        + (" + fp8 activations" if cfg.quant.act == "fp8" else "")),
-      ("policy loss / correction", f"{lrn.policy_loss} / {lrn.correction.method}"
-                                   + (" (LoRA)" if lrn.lora is not None else "")),
-      ("warm-up steps / RL steps", f"{cfg.run.sft_steps} / {r.steps}"),
-      ("eval accuracy before RL", _fmt(r.accuracy_before, True)),
-      ("eval accuracy after RL", _fmt(r.accuracy_after, True)),
-      ("train reward, first 5 -> last 5 steps", f"{_fmt(r.reward_first)} -> {_fmt(r.reward_last)}"),
-      ("mean abs(π − μ) per token (mismatch)", _fmt(r.mismatch_mean)),
-      ("mean KL(μ‖π) k3", _fmt(float(np.mean(kl)) if kl else None)),
-      ("reward failures (scored 0) / skipped steps", f"{r.reward_failures} / {r.skipped_steps}"),
-      ("time: generate / learner / sync", f"{tgen:.0f} s / {tlearn:.0f} s / {tsync:.1f} s"),
-      ("wall time", f"{r.wall_s:.0f} s"),
+    ("model", f"{cfg.model.source} ({cfg.model.arch})" if cfg.model.source == "tiny" else cfg.model.source),
+    (
+      "learner QAT / sampler weights",
+      f"{cfg.quant.learner} / {cfg.quant.sampler}" + (" + fp8 activations" if cfg.quant.act == "fp8" else ""),
+    ),
+    (
+      "policy loss / correction",
+      f"{lrn.policy_loss} / {lrn.correction.method}" + (" (LoRA)" if lrn.lora is not None else ""),
+    ),
+    ("warm-up steps / RL steps", f"{cfg.run.sft_steps} / {r.steps}"),
+    ("eval accuracy before RL", _fmt(r.accuracy_before, True)),
+    ("eval accuracy after RL", _fmt(r.accuracy_after, True)),
+    ("train reward, first 5 -> last 5 steps", f"{_fmt(r.reward_first)} -> {_fmt(r.reward_last)}"),
+    ("mean abs(π − μ) per token (mismatch)", _fmt(r.mismatch_mean)),
+    ("mean KL(μ‖π) k3", _fmt(float(np.mean(kl)) if kl else None)),
+    ("reward failures (scored 0) / skipped steps", f"{r.reward_failures} / {r.skipped_steps}"),
+    ("time: generate / learner / sync", f"{tgen:.0f} s / {tlearn:.0f} s / {tsync:.1f} s"),
+    ("wall time", f"{r.wall_s:.0f} s"),
   ]
   rows += [(f"output: {k}", f"`{v}`") for k, v in r.paths.items() if v]
   return "\n" + write_summary(r.out_dir, f"lrl_jax run: {r.out_dir}", rows)

@@ -78,8 +78,14 @@ def build_model(cfg, *, init: bool = True) -> Setup:
     if not init:
       params = None
   spec = sync_spec(cfg)
-  return Setup(model_cfg=model_cfg, params=params, task=task, tokenizer=tokenizer, sync=spec,
-               sampler_cfg=served_model_config(model_cfg, spec))
+  return Setup(
+    model_cfg=model_cfg,
+    params=params,
+    task=task,
+    tokenizer=tokenizer,
+    sync=spec,
+    sampler_cfg=served_model_config(model_cfg, spec),
+  )
 
 
 def learner_mesh(cfg):
@@ -95,7 +101,7 @@ def learner_mesh(cfg):
     raise ConfigError(f"learner.mesh={tuple(cfg.learner.mesh)} needs {math.prod(sizes)} devices; {n} are visible")
   if math.prod(sizes) == 1:
     return None
-  return L.make_mesh(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], devices=jax.devices()[:math.prod(sizes)])
+  return L.make_mesh(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], devices=jax.devices()[: math.prod(sizes)])
 
 
 def new_state(cfg, setup: Setup, params, *, mesh=None) -> L.TrainState:

@@ -66,8 +66,9 @@ def merge_lora(params, lora):
     for name, ab in mods.items():
       w = out["layers"][group][name]["kernel"]
       delta = jnp.einsum("lkr,lrn->lkn", ab["a"].astype(jnp.float32), ab["b"].astype(jnp.float32))
-      out["layers"][group][name] = dict(out["layers"][group][name], kernel=(w.astype(jnp.float32)
-                                                                            + lora.scale * delta).astype(w.dtype))
+      out["layers"][group][name] = dict(
+        out["layers"][group][name], kernel=(w.astype(jnp.float32) + lora.scale * delta).astype(w.dtype)
+      )
   return out
 
 

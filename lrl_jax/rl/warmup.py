@@ -25,8 +25,15 @@ __all__ = ["supervised_warmup", "prepare_qat_params", "warmup_learner_config"]
 def warmup_learner_config(cfg) -> L.LearnerConfig:
   """The learner settings of the warm-up: `cfg.learner` at the constant `run.sft_lr`, one batch per update, no
   correction; without QAT when QAT is scheduled on the RL steps (`learner.qat_start_step` / `qat_warmup_steps`)."""
-  lcfg = cfg.learner.replace(lr=cfg.run.sft_lr or cfg.learner.lr, schedule="constant", warmup_steps=0,
-                             total_steps=None, minibatches=1, micro_batches=1, correction=L.CorrectionConfig())
+  lcfg = cfg.learner.replace(
+    lr=cfg.run.sft_lr or cfg.learner.lr,
+    schedule="constant",
+    warmup_steps=0,
+    total_steps=None,
+    minibatches=1,
+    micro_batches=1,
+    correction=L.CorrectionConfig(),
+  )
   return lcfg.without_qat() if lcfg.qat_fades else lcfg
 
 
@@ -78,8 +85,15 @@ def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = No
   bar = tqdm(range(steps), desc="warm-up (supervised)", disable=not progress, leave=False, dynamic_ncols=True)
   for i in bar:
     sb = setup.task.supervised_batch(i, n)
-    params, opt_state, loss = _sft_step(params, opt_state, jnp.asarray(sb.tokens), jnp.asarray(sb.valid),
-                                        jnp.asarray(sb.loss_mask), model_cfg=setup.model_cfg, lcfg=lcfg)
+    params, opt_state, loss = _sft_step(
+      params,
+      opt_state,
+      jnp.asarray(sb.tokens),
+      jnp.asarray(sb.valid),
+      jnp.asarray(sb.loss_mask),
+      model_cfg=setup.model_cfg,
+      lcfg=lcfg,
+    )
     if i % 10 == 0 or i == steps - 1:
       lv = float(loss)
       bar.set_postfix(loss=f"{lv:.3f}")

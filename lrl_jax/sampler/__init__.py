@@ -13,8 +13,18 @@ from lrl_jax.sampler.serve import as_rules, serve_params
 from lrl_jax.sampler.sharding import SAMPLER_RULES, param_shardings, partition_spec, shard_batch, shard_params
 
 __all__ = [
-    "Rollout", "generate", "predictor_index", "row_keys",
-    "SamplingConfig", "sample_tokens", "sampling_logprobs",
-    "as_rules", "serve_params",
-    "SAMPLER_RULES", "param_shardings", "partition_spec", "shard_batch", "shard_params",
+  "Rollout",
+  "generate",
+  "predictor_index",
+  "row_keys",
+  "SamplingConfig",
+  "sample_tokens",
+  "sampling_logprobs",
+  "as_rules",
+  "serve_params",
+  "SAMPLER_RULES",
+  "param_shardings",
+  "partition_spec",
+  "shard_batch",
+  "shard_params",
 ]

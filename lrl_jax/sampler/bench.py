@@ -27,16 +27,27 @@ from lrl_jax.sampler.serve import serve_params
 # SmolLM2-135M (Llama architecture, tied embeddings). Its K = 576 is not a multiple of 128:
 # INT4 runs with groups of 64 (576 = 9 · 64).
 SMOLLM2_135M = models.ModelConfig(
-    arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-    num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-    max_position_embeddings=8192, dtype="bfloat16")
+  arch="llama",
+  vocab_size=49152,
+  hidden_size=576,
+  intermediate_size=1536,
+  num_layers=30,
+  num_heads=9,
+  num_kv_heads=3,
+  head_dim=64,
+  rope_theta=100000.0,
+  rms_norm_eps=1e-5,
+  tie_word_embeddings=True,
+  max_position_embeddings=8192,
+  dtype="bfloat16",
+)
 
 FORMATS = {
-    "bf16": None,
-    "int4": quant.Int4(group_size=64),
-    "fp8": quant.FP8(),
-    "nvfp4": quant.NVFP4(),
-    "mxfp8": quant.MXFP8(),
+  "bf16": None,
+  "int4": quant.Int4(group_size=64),
+  "fp8": quant.FP8(),
+  "nvfp4": quant.NVFP4(),
+  "mxfp8": quant.MXFP8(),
 }
 
 
@@ -70,16 +81,22 @@ def time_generate(served, cfg, batch, prompt_len, new_tokens, *, seed=0) -> tupl
 
 
 PROMPTS = [
-    "What is 7 + 5? Answer:", "What is 23 + 19? Answer:", "Write a haiku about the sea.",
-    "The capital of France is", "List three prime numbers:", "Explain what a neural network is.",
-    "What is 9 times 8?", "Translate 'good morning' to French:",
+  "What is 7 + 5? Answer:",
+  "What is 23 + 19? Answer:",
+  "Write a haiku about the sea.",
+  "The capital of France is",
+  "List three prime numbers:",
+  "Explain what a neural network is.",
+  "What is 9 times 8?",
+  "Translate 'good morning' to French:",
 ]
 
 
 def _learner_logprobs(params, r, cfg, rules):
   """pi: a cache-free (learner) forward of the rollout, optionally QAT-fake-quantized by `rules`."""
   logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(
-      params, r.tokens, cfg, valid_BT=r.valid, numerics=models.Numerics(qat_rules=rules))
+    params, r.tokens, cfg, valid_BT=r.valid, numerics=models.Numerics(qat_rules=rules)
+  )
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
   prev = jnp.maximum(predictor_index(r.valid), 0)
   logp = jnp.take_along_axis(logp, prev[:, :, None], axis=1)  # row s: the logits that predict token s
@@ -96,15 +113,17 @@ def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
   s = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, eos_id=tok.eos_id, pad_id=0)
   rules = quant.QuantRules.default(spec)
   rows = [  # (label, compute dtype, served format, learner QAT rules)
-      ("bf16 learner vs bf16 sampler", "bfloat16", None, None),
-      (f"{spec.name} QAT learner vs {spec.name} sampler (bf16)", "bfloat16", spec, rules),
-      (f"unquantized learner vs {spec.name} sampler (bf16)", "bfloat16", spec, None),
-      ("f32 learner vs f32 sampler", "float32", None, None),
-      (f"{spec.name} QAT learner vs {spec.name} sampler (f32)", "float32", spec, rules),
-      (f"unquantized learner vs {spec.name} sampler (f32)", "float32", spec, None),
+    ("bf16 learner vs bf16 sampler", "bfloat16", None, None),
+    (f"{spec.name} QAT learner vs {spec.name} sampler (bf16)", "bfloat16", spec, rules),
+    (f"unquantized learner vs {spec.name} sampler (bf16)", "bfloat16", spec, None),
+    ("f32 learner vs f32 sampler", "float32", None, None),
+    (f"{spec.name} QAT learner vs {spec.name} sampler (f32)", "float32", spec, rules),
+    (f"unquantized learner vs {spec.name} sampler (f32)", "float32", spec, None),
   ]
-  print(f"SmolLM2-135M-Instruct, {len(PROMPTS)} prompts, <= {new_tokens} tokens at temperature 1; "
-        f"per generated token: |pi - mu| (probabilities) and |log pi - log mu|")
+  print(
+    f"SmolLM2-135M-Instruct, {len(PROMPTS)} prompts, <= {new_tokens} tokens at temperature 1; "
+    f"per generated token: |pi - mu| (probabilities) and |log pi - log mu|"
+  )
   print(f"{'pair':52s} {'|p-m| mean':>11s} {'p99':>9s} {'max':>9s} {'|dlog| mean':>12s} {'max':>9s} {'tokens':>6s}")
   for label, dt, fmt, qat in rows:
     cfg = cfg0.replace(dtype=dt)
@@ -116,8 +135,11 @@ def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
     m = r.loss_mask
     dlog = jnp.abs(pi - r.sampler_logp)[m]
     d = jnp.abs(jnp.exp(pi) - jnp.exp(r.sampler_logp))[m]
-    print(f"{label:52s} {float(d.mean()):11.2e} {float(jnp.quantile(d, 0.99)):9.2e} {float(d.max()):9.2e} "
-          f"{float(dlog.mean()):12.2e} {float(dlog.max()):9.2e} {int(m.sum()):6d}", flush=True)
+    print(
+      f"{label:52s} {float(d.mean()):11.2e} {float(jnp.quantile(d, 0.99)):9.2e} {float(d.max()):9.2e} "
+      f"{float(dlog.mean()):12.2e} {float(dlog.max()):9.2e} {int(m.sum()):6d}",
+      flush=True,
+    )
 
 
 def main(argv=None):
@@ -142,8 +164,10 @@ def main(argv=None):
     dt = time_serve_params(params, FORMATS[name], dtype=dtype)
     print(f"serve_params {name:6s}: {dt * 1e3:8.1f} ms")
 
-  print(f"{'format':8s} {'batch':>5s} {'tok/s':>9s} {'first call s':>13s}  (prompt {args.prompt_len}, "
-        f"new {args.new_tokens})")
+  print(
+    f"{'format':8s} {'batch':>5s} {'tok/s':>9s} {'first call s':>13s}  (prompt {args.prompt_len}, "
+    f"new {args.new_tokens})"
+  )
   served = {name: _block(serve_params(params, FORMATS[name], dtype=dtype)) for name in args.formats}
   for b in args.batches:
     for name in args.formats:

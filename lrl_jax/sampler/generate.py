@@ -29,8 +29,7 @@ __all__ = ["generate", "row_keys"]
 def row_keys(key: jax.Array, batch: int) -> jax.Array:
   """One PRNG key per row: `fold_in(key, b)` for a single key, or the given [B] keys (one seed per request)."""
   if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key = jax.random.wrap_key_data(key) if key.ndim >= 1 and key.shape[-1] == 2 and key.dtype == jnp.uint32 \
-        else key
+    key = jax.random.wrap_key_data(key) if key.ndim >= 1 and key.shape[-1] == 2 and key.dtype == jnp.uint32 else key
   if key.ndim == 0:
     return jax.vmap(lambda b: jax.random.fold_in(key, b))(jnp.arange(batch, dtype=jnp.uint32))
   if key.shape != (batch,):
@@ -52,8 +51,9 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
 
   # Prefill: the whole prompt in one pass; logits only at each row's last valid token.
   numerics = Numerics(act_spec=act_spec)
-  h_BPD, cache = forward_hidden(params, prompts_BP, cfg, valid_BT=prompt_valid_BP, cache=cache, cache_index=0,
-                                numerics=numerics, lora=lora)
+  h_BPD, cache = forward_hidden(
+    params, prompts_BP, cfg, valid_BT=prompt_valid_BP, cache=cache, cache_index=0, numerics=numerics, lora=lora
+  )
   last_B = P - 1 - jnp.argmax(prompt_valid_BP[:, ::-1], axis=1)
   h_BD = jnp.take_along_axis(h_BPD, last_B[:, None, None], axis=1)[:, 0]
   logits_BV = logits_from_hidden(params, h_BD, cfg)
@@ -72,8 +72,16 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
 
   def body(c):
     t, cache, prev_B, toks_BN, lps_BN, mask_BN, done_B = c
-    h, cache = forward_hidden(params, prev_B[:, None], cfg, positions_BT=(pos_B + t - 1)[:, None],
-                              cache=cache, cache_index=P + t - 1, numerics=numerics, lora=lora)
+    h, cache = forward_hidden(
+      params,
+      prev_B[:, None],
+      cfg,
+      positions_BT=(pos_B + t - 1)[:, None],
+      cache=cache,
+      cache_index=P + t - 1,
+      numerics=numerics,
+      lora=lora,
+    )
     logits_BV = logits_from_hidden(params, h[:, 0], cfg)
     tok_B, lp_B = sample_tokens(logits_BV, step_keys(t), sampling)
     active_B = ~done_B
@@ -89,15 +97,26 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
 
   prompt_valid_BP = prompt_valid_BP.astype(bool)
   return Rollout(
-      tokens=jnp.concatenate([prompts_BP.astype(jnp.int32), toks_BN], axis=1),
-      valid=jnp.concatenate([prompt_valid_BP, mask_BN], axis=1),
-      loss_mask=jnp.concatenate([jnp.zeros((B, P), bool), mask_BN], axis=1),
-      sampler_logp=jnp.concatenate([jnp.zeros((B, P), jnp.float32), lps_BN], axis=1),
+    tokens=jnp.concatenate([prompts_BP.astype(jnp.int32), toks_BN], axis=1),
+    valid=jnp.concatenate([prompt_valid_BP, mask_BN], axis=1),
+    loss_mask=jnp.concatenate([jnp.zeros((B, P), bool), mask_BN], axis=1),
+    sampler_logp=jnp.concatenate([jnp.zeros((B, P), jnp.float32), lps_BN], axis=1),
   )
 
 
-def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: SamplingConfig, key,
-             *, group_size: int = 1, cache_dtype=jnp.bfloat16, act_spec=None, lora=None) -> Rollout:
+def generate(
+  params,
+  prompts_BP,
+  prompt_valid_BP,
+  cfg: ModelConfig,
+  sampling: SamplingConfig,
+  key,
+  *,
+  group_size: int = 1,
+  cache_dtype=jnp.bfloat16,
+  act_spec=None,
+  lora=None,
+) -> Rollout:
   """Samples up to `sampling.max_new_tokens` tokens after each prompt, `group_size` times.
 
   Args:
@@ -126,8 +145,9 @@ def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: Sa
   prompts_BP = jnp.asarray(prompts_BP)
   prompt_valid_BP = jnp.asarray(prompt_valid_BP).astype(bool)
   if prompts_BP.ndim != 2 or prompt_valid_BP.shape != prompts_BP.shape:
-    raise ValueError(f"prompts_BP {prompts_BP.shape} and prompt_valid_BP {prompt_valid_BP.shape} must be the "
-                     f"same [B, P] shape")
+    raise ValueError(
+      f"prompts_BP {prompts_BP.shape} and prompt_valid_BP {prompt_valid_BP.shape} must be the same [B, P] shape"
+    )
   if not isinstance(prompt_valid_BP, jax.core.Tracer) and not bool(jnp.all(jnp.any(prompt_valid_BP, axis=1))):
     rows = [int(i) for i in jnp.nonzero(~jnp.any(prompt_valid_BP, axis=1))[0]]
     raise ValueError(f"prompt rows {rows} have no valid token")
@@ -136,6 +156,5 @@ def generate(params, prompts_BP, prompt_valid_BP, cfg: ModelConfig, sampling: Sa
   if group_size > 1:
     prompts_BP, prompt_valid_BP = (jnp.repeat(x, group_size, axis=0) for x in (prompts_BP, prompt_valid_BP))
   keys_B = row_keys(key, prompts_BP.shape[0])
-  out = _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec,
-                  lora)
+  out = _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec, lora)
   return out.replace(group_size=group_size)

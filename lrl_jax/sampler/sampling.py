@@ -59,8 +59,9 @@ class SamplingConfig:
     if eos is not None:
       eos = tuple(eos)
       if not eos or not all(isinstance(e, int) and e >= 0 for e in eos):
-        raise ValueError(f"SamplingConfig.eos_id must be a non-negative int, a tuple of them, or None; "
-                         f"got {self.eos_id!r}")
+        raise ValueError(
+          f"SamplingConfig.eos_id must be a non-negative int, a tuple of them, or None; got {self.eos_id!r}"
+        )
     object.__setattr__(self, "eos_id", eos)  # normalised to a tuple (hashable, static under jit)
     if not isinstance(self.pad_id, int) or self.pad_id < 0:
       raise ValueError(f"SamplingConfig.pad_id must be a non-negative int; got {self.pad_id!r}")

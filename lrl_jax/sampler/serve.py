@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from lrl_jax import quant
+from lrl_jax import kernels, quant
 
 __all__ = ["serve_params", "as_rules"]
 
@@ -38,15 +38,13 @@ LAYOUTS = ("kn", "linear")
 
 @functools.partial(jax.jit, static_argnames=("rules", "dtype", "layout"))
 def _serve(params, rules, dtype, layout):
-  cast = jax.tree_util.tree_map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+  cast = jax.tree_util.tree_map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   if rules is None:
     return cast
   served = quant.quantize_params(cast, rules)
   if layout == "linear":
-    from lrl_jax.kernels import linear_layout  # pylint: disable=g-import-not-at-top
     isq = lambda x: isinstance(x, quant.QArray)  # noqa: E731
-    served = jax.tree_util.tree_map(lambda x: linear_layout(x) if isq(x) else x, served, is_leaf=isq)
+    served = jax.tree_util.tree_map(lambda x: kernels.linear_layout(x) if isq(x) else x, served, is_leaf=isq)
   return served
 
 
@@ -64,13 +62,16 @@ def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16, layout: str 
   Returns:
     The served tree; pass it to `generate` / `models.forward` with `cfg.dtype == dtype`.
   """
-  if any(isinstance(x, quant.QArray) for x in jax.tree_util.tree_leaves(
-      params, is_leaf=lambda x: isinstance(x, quant.QArray))):
+  if any(
+    isinstance(x, quant.QArray)
+    for x in jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, quant.QArray))
+  ):
     raise ValueError("serve_params expects float learner params; the tree already holds QArrays")
   if layout not in LAYOUTS:
     raise ValueError(f"serve_params: layout must be one of {LAYOUTS}; got {layout!r}")
   rules = as_rules(rules_or_spec)
   if layout == "linear" and rules is not None and rules.axis != -2:
-    raise ValueError(f"serve_params(layout='linear') transposes kernels quantized along K (rules.axis=-2); "
-                     f"got rules.axis={rules.axis}")
+    raise ValueError(
+      f"serve_params(layout='linear') transposes kernels quantized along K (rules.axis=-2); got rules.axis={rules.axis}"
+    )
   return _serve(params, rules, jnp.dtype(dtype), layout)

@@ -17,16 +17,16 @@ from lrl_jax.models.decoder import param_logical_axes
 __all__ = ["SAMPLER_RULES", "partition_spec", "param_shardings", "shard_params", "shard_batch"]
 
 SAMPLER_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", "data"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("embed", None),
-    ("layers", None),
-    ("head_dim", None),
-    ("length", None),
-    ("cache_length", None),
+  ("batch", "data"),
+  ("vocab", "tensor"),
+  ("heads", "tensor"),
+  ("kv_heads", "tensor"),
+  ("mlp", "tensor"),
+  ("embed", None),
+  ("layers", None),
+  ("head_dim", None),
+  ("length", None),
+  ("cache_length", None),
 )
 
 
@@ -53,9 +53,14 @@ def param_shardings(served, mesh, rules=SAMPLER_RULES):
   def one(names, leaf):
     if isinstance(leaf, quant.QArray):
       f = lambda n, a: None if a is None else NamedSharding(mesh, partition_spec(n, a.shape, mesh, rules))
-      return quant.QArray(codes=f(names.codes, leaf.codes), scale=f(names.scale, leaf.scale),
-                          global_scale=f(names.global_scale, leaf.global_scale), spec=leaf.spec, axis=leaf.axis,
-                          zero_point=f(names.zero_point, leaf.zero_point))
+      return quant.QArray(
+        codes=f(names.codes, leaf.codes),
+        scale=f(names.scale, leaf.scale),
+        global_scale=f(names.global_scale, leaf.global_scale),
+        spec=leaf.spec,
+        axis=leaf.axis,
+        zero_point=f(names.zero_point, leaf.zero_point),
+      )
     return NamedSharding(mesh, partition_spec(names, leaf.shape, mesh, rules))
 
   return jax.tree_util.tree_map(one, axes, served, is_leaf=lambda x: isq(x) or isinstance(x, tuple))

@@ -77,7 +77,7 @@ class ArithmeticTask(Task):
       raise ValueError(f"problem index must be >= 0; got {index}")
     rng = np.random.default_rng([self.seed, _SPLIT_IDS[split], index])
     op = self.ops[int(rng.integers(len(self.ops)))]
-    hi = 10 ** self.digits
+    hi = 10**self.digits
     a, b = int(rng.integers(hi)), int(rng.integers(hi))
     if op == "+":
       return f"{a}+{b}=", str(a + b)

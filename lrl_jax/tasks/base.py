@@ -50,8 +50,14 @@ class SupervisedBatch(NamedTuple):
   prompt_len: int
 
 
-def pad_sequences(seqs: Sequence[Sequence[int]], *, pad_id: int, length: int | None = None,
-                  padding: Literal["left", "right"] = "left", what: str = "sequence") -> tuple[np.ndarray, np.ndarray]:
+def pad_sequences(
+  seqs: Sequence[Sequence[int]],
+  *,
+  pad_id: int,
+  length: int | None = None,
+  padding: Literal["left", "right"] = "left",
+  what: str = "sequence",
+) -> tuple[np.ndarray, np.ndarray]:
   """Pads id lists into (tokens int32 [B, L], valid bool [B, L]); L = `length` or the longest.
 
   Raises:
@@ -109,8 +115,9 @@ class Task(abc.ABC):
     """Longest encoded target (EOS included), when known; else None."""
     return None
 
-  def encode_prompts(self, prompts: Sequence[str], *, padding: Literal["left", "right"] = "left",
-                     length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  def encode_prompts(
+    self, prompts: Sequence[str], *, padding: Literal["left", "right"] = "left", length: int | None = None
+  ) -> tuple[np.ndarray, np.ndarray]:
     """(tokens_BP int32, valid_BP bool); P = `length`, else `max_prompt_len`, else the longest prompt."""
     length = self.max_prompt_len if length is None else length
     seqs = [self.encoder.encode_prompt(p) for p in prompts]
@@ -125,11 +132,19 @@ class Task(abc.ABC):
       mask_BN = np.asarray(mask_BN, bool)
       if mask_BN.shape != tokens_BN.shape:
         raise ValueError(f"decode_completions: mask shape {mask_BN.shape} != tokens shape {tokens_BN.shape}")
-    return [self.encoder.decode_completion(row if mask_BN is None else row[mask_BN[b]])
-            for b, row in enumerate(tokens_BN)]
+    return [
+      self.encoder.decode_completion(row if mask_BN is None else row[mask_BN[b]]) for b, row in enumerate(tokens_BN)
+    ]
 
-  def supervised_batch(self, step: int, batch_size: int, *, split: Split = "train", prompt_len: int | None = None,
-                       answer_len: int | None = None) -> SupervisedBatch:
+  def supervised_batch(
+    self,
+    step: int,
+    batch_size: int,
+    *,
+    split: Split = "train",
+    prompt_len: int | None = None,
+    answer_len: int | None = None,
+  ) -> SupervisedBatch:
     """Prompts of batch `step` followed by their targets + EOS; loss mask on the answer (see `SupervisedBatch`).
 
     P = `prompt_len`, else `max_prompt_len`, else the longest prompt; A likewise with `answer_len`.
@@ -141,10 +156,10 @@ class Task(abc.ABC):
     a_tok, a_val = pad_sequences(answers, pad_id=self.encoder.pad_id, length=a_len, padding="right", what="answer")
     P = p_tok.shape[1]
     return SupervisedBatch(
-        tokens=np.concatenate([p_tok, a_tok], axis=1),
-        valid=np.concatenate([p_val, a_val], axis=1),
-        loss_mask=np.concatenate([np.zeros_like(p_val), a_val], axis=1),
-        prompt_len=P,
+      tokens=np.concatenate([p_tok, a_tok], axis=1),
+      valid=np.concatenate([p_val, a_val], axis=1),
+      loss_mask=np.concatenate([np.zeros_like(p_val), a_val], axis=1),
+      prompt_len=P,
     )
 
   def score(self, completions: Sequence[str], references: Sequence[str], *, timeout_s: float | None = 1.0):

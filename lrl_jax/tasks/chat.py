@@ -33,12 +33,21 @@ class TextEncoder:
     user_template: str.format template with a `{prompt}` field, applied to each task prompt.
   """
 
-  def __init__(self, tokenizer: Any, *, eos_token: str, pad_token: str | None = None,
-               bos_token: str | None = None, user_template: str = "{prompt}"):
+  def __init__(
+    self,
+    tokenizer: Any,
+    *,
+    eos_token: str,
+    pad_token: str | None = None,
+    bos_token: str | None = None,
+    user_template: str = "{prompt}",
+  ):
     for name in ("encode", "decode", "token_to_id", "get_vocab_size"):
       if not callable(getattr(type(tokenizer), name, None)):
-        raise TypeError(f"{type(self).__name__}: tokenizer must be a tokenizers.Tokenizer (missing .{name}); "
-                        f"got {type(tokenizer).__name__}")
+        raise TypeError(
+          f"{type(self).__name__}: tokenizer must be a tokenizers.Tokenizer (missing .{name}); "
+          f"got {type(tokenizer).__name__}"
+        )
     if "{prompt}" not in user_template:
       raise ValueError(f"{type(self).__name__}: user_template must contain '{{prompt}}'; got {user_template!r}")
     self.tokenizer = tokenizer
@@ -68,7 +77,7 @@ class TextEncoder:
   def decode_completion(self, ids: Sequence[int]) -> str:
     ids = [int(i) for i in ids]
     if self.eos_id in ids:
-      ids = ids[:ids.index(self.eos_id)]
+      ids = ids[: ids.index(self.eos_id)]
     return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -91,8 +100,15 @@ class ChatPromptFormatter(TextEncoder):
     eos_token, pad_token: as in `TextEncoder` (pad None -> EOS, as SmolLM2-Instruct pads with <|im_end|>).
   """
 
-  def __init__(self, tokenizer: Any, *, system: str | None = SMOLLM2_SYSTEM, user_template: str = "{prompt}",
-               eos_token: str = "<|im_end|>", pad_token: str | None = None):
+  def __init__(
+    self,
+    tokenizer: Any,
+    *,
+    system: str | None = SMOLLM2_SYSTEM,
+    user_template: str = "{prompt}",
+    eos_token: str = "<|im_end|>",
+    pad_token: str | None = None,
+  ):
     super().__init__(tokenizer, eos_token=eos_token, pad_token=pad_token, user_template=user_template)
     _special_id(tokenizer, "<|im_start|>", type(self).__name__)
     self.system = system

@@ -24,8 +24,10 @@ def task_from_config(section, *, seed: int, tokenizer: Any = None, eos_token: st
   """
   if tokenizer is None:
     if section.template != "none":
-      raise ValueError(f"task.template={section.template!r} needs the model's tokenizer; got tokenizer=None "
-                       "(the character tokenizer has no chat template)")
+      raise ValueError(
+        f"task.template={section.template!r} needs the model's tokenizer; got tokenizer=None "
+        "(the character tokenizer has no chat template)"
+      )
     encoder = CharTokenizer()
   elif section.template == "chat":
     system = SMOLLM2_SYSTEM if section.system_prompt is None else section.system_prompt
@@ -33,12 +35,21 @@ def task_from_config(section, *, seed: int, tokenizer: Any = None, eos_token: st
   else:
     encoder = TextEncoder(tokenizer, eos_token=eos_token, user_template=section.user_template)
   if section.name == "arithmetic":
-    return ArithmeticTask(seed=seed, digits=section.digits, ops=section.ops, answer=section.answer,
-                          format_reward=section.format_reward, encoder=encoder)
+    return ArithmeticTask(
+      seed=seed,
+      digits=section.digits,
+      ops=section.ops,
+      answer=section.answer,
+      format_reward=section.format_reward,
+      encoder=encoder,
+    )
   if section.name == "gsm8k":
     if isinstance(encoder, CharTokenizer):
-      raise ValueError("task.name='gsm8k' needs a text tokenizer (pass the model's tokenizer); the character "
-                       "tokenizer only covers arithmetic")
-    return GSM8KTask(section.path, encoder=encoder, eval_path=section.eval_path, seed=seed,
-                     format_reward=section.format_reward)
+      raise ValueError(
+        "task.name='gsm8k' needs a text tokenizer (pass the model's tokenizer); the character "
+        "tokenizer only covers arithmetic"
+      )
+    return GSM8KTask(
+      section.path, encoder=encoder, eval_path=section.eval_path, seed=seed, format_reward=section.format_reward
+    )
   raise ValueError(f"task.name={section.name!r} must be one of arithmetic, gsm8k")

@@ -42,8 +42,9 @@ def _interrupt(thread: threading.Thread) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(_RewardTimeout))
 
 
-def _call(fn: Callable[[str, str], float], completion: str, reference: str,
-          timeout_s: float | None) -> tuple[float, RewardStatus, BaseException | None]:
+def _call(
+  fn: Callable[[str, str], float], completion: str, reference: str, timeout_s: float | None
+) -> tuple[float, RewardStatus, BaseException | None]:
   """(reward, status, error): the reward as a finite float, or 0.0 with why it is not one."""
   if timeout_s is None:
     try:
@@ -93,8 +94,9 @@ def _call(fn: Callable[[str, str], float], completion: str, reference: str,
   return r, "ok", None
 
 
-def safe_reward(fn: Callable[[str, str], float], completion: str, reference: str, *,
-                timeout_s: float | None = 1.0) -> tuple[float, bool]:
+def safe_reward(
+  fn: Callable[[str, str], float], completion: str, reference: str, *, timeout_s: float | None = 1.0
+) -> tuple[float, bool]:
   """Calls `fn(completion, reference)`; (reward, failed). A raise, a timeout, or a result that is not a finite
   number gives (0.0, True) (a bool counts as 1.0 / 0.0). `timeout_s=None` runs inline with no timeout. See the module
   docstring for the timeout mechanism and its limits."""
@@ -102,8 +104,9 @@ def safe_reward(fn: Callable[[str, str], float], completion: str, reference: str
   return r, status != "ok"
 
 
-def score_batch(task, completions: Sequence[str], references: Sequence[str], *,
-                timeout_s: float | None = 1.0) -> tuple[np.ndarray, dict]:
+def score_batch(
+  task, completions: Sequence[str], references: Sequence[str], *, timeout_s: float | None = 1.0
+) -> tuple[np.ndarray, dict]:
   """Rewards of a batch with `task.reward`, never raising on a verifier failure.
 
   Returns:
@@ -124,11 +127,17 @@ def score_batch(task, completions: Sequence[str], references: Sequence[str], *,
       if first is None:
         first = f"sample {i}: {status}" + (f" ({type(err).__name__}: {err})" if err is not None else "")
   if first is not None:
-    log.warning("reward function failed on %d of %d samples, scored 0; first: %s",
-                sum(counts.values()), len(completions), first)
+    log.warning(
+      "reward function failed on %d of %d samples, scored 0; first: %s", sum(counts.values()), len(completions), first
+    )
   with _abandoned_lock:
     _abandoned[:] = [a for a in _abandoned if a.is_alive()]
     alive = len(_abandoned)
-  stats = {"errors": counts["error"], "timeouts": counts["timeout"], "invalid": counts["invalid"],
-           "failed": sum(counts.values()), "abandoned_alive": alive}
+  stats = {
+    "errors": counts["error"],
+    "timeouts": counts["timeout"],
+    "invalid": counts["invalid"],
+    "failed": sum(counts.values()),
+    "abandoned_alive": alive,
+  }
   return rewards, stats

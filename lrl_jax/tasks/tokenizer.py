@@ -46,8 +46,9 @@ class CharTokenizer:
     ids = [self.bos_id] if add_bos else []
     for i, c in enumerate(text):
       if c not in table:
-        raise ValueError(f"CharTokenizer: character {c!r} at position {i} of {text!r} is not in the "
-                         f"vocabulary {self.chars!r}")
+        raise ValueError(
+          f"CharTokenizer: character {c!r} at position {i} of {text!r} is not in the vocabulary {self.chars!r}"
+        )
       ids.append(table[c])
     if add_eos:
       ids.append(self.eos_id)
