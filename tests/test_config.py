@@ -13,9 +13,20 @@ from lrl_jax.config import Config, ConfigError, apply_overrides, load_config
 from lrl_jax.learner import LearnerConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
-REQUIRED = {"quickstart", "int4_qat_grpo", "int4_rollout_no_qat", "fp8_rollout_none", "fp8_rollout_tis",
-            "fp8_rollout_mis", "fp8_rollout_acrl", "nvfp4_lora", "ppo_qae", "ppo_baseline", "bf16_baseline",
-            "smollm2_int4_qat_grpo"}
+REQUIRED = {
+  "quickstart",
+  "int4_qat_grpo",
+  "int4_rollout_no_qat",
+  "fp8_rollout_none",
+  "fp8_rollout_tis",
+  "fp8_rollout_mis",
+  "fp8_rollout_acrl",
+  "nvfp4_lora",
+  "ppo_qae",
+  "ppo_baseline",
+  "bf16_baseline",
+  "smollm2_int4_qat_grpo",
+}
 
 
 def test_required_configs_exist():
@@ -48,8 +59,9 @@ def test_configs_say_what_they_claim():
   for m in ("tis", "mis", "acrl"):
     d = cfg[f"fp8_rollout_{m}"].to_dict()
     assert d["learner"]["correction"]["method"] == m
-    assert {k: v for k, v in d.items() if k not in ("learner", "run")} == \
-        {k: v for k, v in base.items() if k not in ("learner", "run")}
+    assert {k: v for k, v in d.items() if k not in ("learner", "run")} == {
+      k: v for k, v in base.items() if k not in ("learner", "run")
+    }
     assert {**d["learner"], "correction": None} == {**base["learner"], "correction": None}
     assert {**d["run"], "out_dir": None} == {**base["run"], "out_dir": None}
   # The experiment arms share model, data, steps and seeds.
@@ -58,10 +70,21 @@ def test_configs_say_what_they_claim():
 
 
 def test_overrides_apply_with_types():
-  cfg = load_config(CONFIGS[0].parent / "quickstart.yaml",
-                    ["learner.lr=1e-4", "run.steps=7", "run.off_policy=true", "quant.sampler=int4",
-                     "learner.value.boundaries=[10, 20]", "task.user_template=12{prompt}", "run.sft_batch=null",
-                     "learner.mesh=[2, 2, 2]", "learner.correction.method=tis", "task.ops=['+', 'eq']"])
+  cfg = load_config(
+    CONFIGS[0].parent / "quickstart.yaml",
+    [
+      "learner.lr=1e-4",
+      "run.steps=7",
+      "run.off_policy=true",
+      "quant.sampler=int4",
+      "learner.value.boundaries=[10, 20]",
+      "task.user_template=12{prompt}",
+      "run.sft_batch=null",
+      "learner.mesh=[2, 2, 2]",
+      "learner.correction.method=tis",
+      "task.ops=['+', 'eq']",
+    ],
+  )
   assert cfg.learner.lr == 1e-4 and type(cfg.learner.lr) is float  # YAML 1.1 reads '1e-4' as a string
   assert cfg.run.steps == 7 and type(cfg.run.steps) is int
   assert cfg.run.off_policy is True
@@ -75,11 +98,19 @@ def test_overrides_apply_with_types():
   assert load_config(None, ["learner.lr=1", "learner.lr=2"]).learner.lr == 2.0
 
 
-@pytest.mark.parametrize("override, message", [
-    ("learner.lrr=1", "unknown key 'learner.lrr' (did you mean 'lr'?); valid keys in learner: lr, weight_decay, b1, "
-                      "b2, eps, nesterov, grad_clip"),
-    ("lerner.lr=1", "unknown section 'lerner' in override 'lerner.lr=1' (did you mean 'learner'?); valid sections: "
-                    "model, quant, sampler, learner, task, run"),
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    (
+      "learner.lrr=1",
+      "unknown key 'learner.lrr' (did you mean 'lr'?); valid keys in learner: lr, weight_decay, b1, "
+      "b2, eps, nesterov, grad_clip",
+    ),
+    (
+      "lerner.lr=1",
+      "unknown section 'lerner' in override 'lerner.lr=1' (did you mean 'learner'?); valid sections: "
+      "model, quant, sampler, learner, task, run",
+    ),
     ("quant.sampler=int3", "quant.sampler='int3' must be one of bf16, int4, fp8, nvfp4, mxfp8"),
     ("run.steps=abc", "run.steps='abc' must be an int"),
     ("run.steps=2.5", "run.steps=2.5 must be an int"),
@@ -93,7 +124,8 @@ def test_overrides_apply_with_types():
     ("run.steps", "override 'run.steps' must be section.key=value"),
     ("steps=3", "override key 'steps' must be section.key"),
     ("learner.section=x", "unknown key 'learner.section'"),
-])
+  ],
+)
 def test_override_errors_list_what_is_valid(override, message):
   if message is None:
     load_config(None, [override])
@@ -103,19 +135,24 @@ def test_override_errors_list_what_is_valid(override, message):
   assert message in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("overrides, message", [
+@pytest.mark.parametrize(
+  "overrides, message",
+  [
     (["quant.learner=int4", "quant.sampler=fp8"], "quant.learner='int4' needs quant.sampler='int4'"),
     (["quant.sampler=int4"], "model.hidden_size=64 is not a multiple of the int4 block 128"),
     (["sampler.group_size=1"], "sampler.group_size=1 must be >= 2 for learner.policy_loss=grpo"),
     (["learner.minibatches=3"], "must divide into learner.minibatches × learner.micro_batches = 3"),
     (["task.template=chat"], "model.source=tiny uses the arithmetic character tokenizer"),
     (["task.name=gsm8k"], "task.path=None is required for task.name=gsm8k"),
-    (["learner.correction.method=tis", "learner.correction.level=geometric"],
-     "learner.correction.level='geometric' must be one of token, sequence for method tis"),
+    (
+      ["learner.correction.method=tis", "learner.correction.level=geometric"],
+      "learner.correction.level='geometric' must be one of token, sequence for method tis",
+    ),
     (["model.source=hf:"], 'model.source=\'hf:\' must be "tiny", "smollm2", "hf:<dir>" or "gguf:<file>"'),
     (["model.num_kv_heads=3"], "model.num_kv_heads=3 must divide num_heads=4"),
     (["learner.lora.targets=(unclosed"], "learner.lora.targets='(unclosed' is not a valid regex"),
-])
+  ],
+)
 def test_rules_across_fields(overrides, message):
   with pytest.raises(ConfigError) as e:
     load_config(None, overrides)
@@ -125,8 +162,11 @@ def test_rules_across_fields(overrides, message):
 def test_yaml_errors_name_the_file(tmp_path):
   p = tmp_path / "bad.yaml"
   p.write_text("learner:\n  lrr: 1.0\n")
-  with pytest.raises(ConfigError, match=r"bad\.yaml: unknown key 'learner\.lrr' \(did you mean 'lr'\?\); "
-                                        r"valid keys in learner: lr, "):
+  with pytest.raises(
+    ConfigError,
+    match=r"bad\.yaml: unknown key 'learner\.lrr' \(did you mean 'lr'\?\); "
+    r"valid keys in learner: lr, ",
+  ):
     load_config(p)
   p.write_text("learner: 3\n")
   with pytest.raises(ConfigError, match="section 'learner' must be a mapping"):
@@ -200,9 +240,18 @@ def test_sections_build_the_library_objects():
   for kept in ("embed/embedding", "lm_head/kernel", "layers/attn/q_proj/bias", "layers/input_norm/scale"):
     assert rules.spec_for(kept) is None
   m = cfg["quickstart"].model.tiny_model_config(vocab_size=20, dtype="float32")
-  assert m == ModelConfig(arch="qwen2", vocab_size=20, hidden_size=64, intermediate_size=128, num_layers=2,
-                          num_heads=4, num_kv_heads=2, tie_word_embeddings=True, dtype="float32",
-                          param_dtype="float32")
+  assert m == ModelConfig(
+    arch="qwen2",
+    vocab_size=20,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    tie_word_embeddings=True,
+    dtype="float32",
+    param_dtype="float32",
+  )
   with pytest.raises(ConfigError, match="only the tiny model"):
     cfg["smollm2_int4_qat_grpo"].model.tiny_model_config(vocab_size=20)
   s = cfg["quickstart"].sampler
@@ -214,17 +263,36 @@ def test_the_learner_section_is_the_library_config():
   """One schema: the YAML `learner` section is `learner.LearnerConfig` itself; every key reaches it as typed
   (the ones a hand mapping used to drop included), the run only supplies the `set_by` fields, and a learner
   error names the key as the user typed it."""
-  cfg = load_config(None, ["learner.b1=0.8", "learner.b2=0.99", "learner.eps=1e-6", "learner.min_lr_ratio=0.1",
-                           "learner.norm_len=8", "learner.correction.method=mis",
-                           "learner.correction.keep_ratio=true"])
+  cfg = load_config(
+    None,
+    [
+      "learner.b1=0.8",
+      "learner.b2=0.99",
+      "learner.eps=1e-6",
+      "learner.min_lr_ratio=0.1",
+      "learner.norm_len=8",
+      "learner.correction.method=mis",
+      "learner.correction.keep_ratio=true",
+    ],
+  )
   lrn = cfg.learner
   assert type(lrn) is LearnerConfig
   assert (lrn.b1, lrn.b2, lrn.eps, lrn.min_lr_ratio, lrn.norm_len) == (0.8, 0.99, 1e-6, 0.1, 8)
   assert lrn.correction.method == "mis" and lrn.correction.keep_ratio is True
   assert lrn == LearnerConfig.from_mapping(cfg.to_dict()["learner"])  # YAML dict -> the library object, as is
   # The set_by fields: the QAT spec and targets from `quant`, the cosine length from `run` (re-derived on change).
-  c = load_config(None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32", "learner.schedule=cosine",
-                         "learner.minibatches=2", "run.steps=7", "run.batch_prompts=2"])
+  c = load_config(
+    None,
+    [
+      "quant.learner=int4",
+      "quant.sampler=int4",
+      "quant.group_size=32",
+      "learner.schedule=cosine",
+      "learner.minibatches=2",
+      "run.steps=7",
+      "run.batch_prompts=2",
+    ],
+  )
   assert c.learner.qat == quant_spec("int4") and c.learner.total_steps == 14
   assert c.learner.qat_rules == c.quant.rules(c.quant.sampler_spec)  # what the sampler serves
   assert apply_overrides(c, ["run.steps=9"]).learner.total_steps == 18

@@ -22,14 +22,21 @@ def test_notebooks_exist():
 
 def _dirty_cells(nb) -> list[int]:
   """Indices of code cells that carry outputs or an execution count."""
-  return [i for i, c in enumerate(nb.cells)
-          if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
+  return [
+    i
+    for i, c in enumerate(nb.cells)
+    if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+  ]
 
 
 def test_dirty_cell_check_catches_outputs_and_counts():
   nb = nbformat.v4.new_notebook()
-  nb.cells = [nbformat.v4.new_code_cell("1"), nbformat.v4.new_code_cell("2"), nbformat.v4.new_code_cell("3"),
-              nbformat.v4.new_markdown_cell("x")]
+  nb.cells = [
+    nbformat.v4.new_code_cell("1"),
+    nbformat.v4.new_code_cell("2"),
+    nbformat.v4.new_code_cell("3"),
+    nbformat.v4.new_markdown_cell("x"),
+  ]
   nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="2")]
   nb.cells[2].execution_count = 7
   assert _dirty_cells(nb) == [1, 2]
@@ -43,8 +50,8 @@ def test_outputs_stripped(path):
 
 
 @pytest.mark.parametrize(
-    "path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p for p in NOTEBOOKS],
-    ids=lambda p: p.name)
+  "path", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p for p in NOTEBOOKS], ids=lambda p: p.name
+)
 def test_notebook_executes(path, tmp_path, monkeypatch):
   pytest.importorskip("ipykernel")
   pytest.importorskip("matplotlib")
@@ -62,12 +69,17 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
   # a spec in JUPYTER_PATH takes precedence over user / system ones. The notebook's cwd is the repo root.
   spec_dir = tmp_path / "jupyter" / "kernels" / "python3"
   spec_dir.mkdir(parents=True)
-  (spec_dir / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": "Python 3 (lrl_jax tests)", "language": "python"}))
+  (spec_dir / "kernel.json").write_text(
+    json.dumps(
+      {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (lrl_jax tests)",
+        "language": "python",
+      }
+    )
+  )
   monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-  client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                   resources={"metadata": {"path": str(ROOT)}})
+  client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
   client.execute()  # raises CellExecutionError (with the failing cell and its traceback)
   errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
   assert not errors

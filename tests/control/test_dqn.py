@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lrl_jax import quant
 from lrl_jax import control as C
+from lrl_jax import quant
 from tests.control._ref import mlp_np
 
 SPEC = quant.Int4(group_size=16)
@@ -41,8 +41,7 @@ def test_buffer_sample_only_valid_rows():
 
 def test_epsilon_linear_decay():
   cfg = C.DQNConfig(total_steps=10_000, eps_start=1.0, eps_end=0.1, eps_fraction=0.5, learning_starts=100)
-  np.testing.assert_allclose([C.epsilon_at(cfg, s) for s in (0, 2500, 5000, 9000)], [1.0, 0.55, 0.1, 0.1],
-                             rtol=1e-6)
+  np.testing.assert_allclose([C.epsilon_at(cfg, s) for s in (0, 2500, 5000, 9000)], [1.0, 0.55, 0.1, 0.1], rtol=1e-6)
 
 
 def _batch(cfg, n=32, seed=0):
@@ -50,8 +49,13 @@ def _batch(cfg, n=32, seed=0):
   rng = np.random.default_rng(seed)
   obs = rng.normal(size=(n, *es.obs_shape)).astype(np.float32)
   nxt = rng.normal(size=(n, *es.obs_shape)).astype(np.float32)
-  return (obs, rng.integers(0, es.num_actions, n).astype(np.int32), rng.normal(size=n).astype(np.float32),
-          nxt, (rng.random(n) < 0.3).astype(np.float32))
+  return (
+    obs,
+    rng.integers(0, es.num_actions, n).astype(np.int32),
+    rng.normal(size=n).astype(np.float32),
+    nxt,
+    (rng.random(n) < 0.3).astype(np.float32),
+  )
 
 
 def test_dqn_loss_uses_int4_view_of_both_networks():
@@ -83,8 +87,16 @@ def test_polyak_target_update_numpy():
 def test_target_sync_keeps_quantized_view():
   """Short QAT run that ends on a hard target sync: target == online masters, and the target's fake-INT4
   forward equals the real-INT4 export of the online network and a NumPy float64 INT4 reference."""
-  base = C.DQNConfig(env_name="CartPole-v1", group_size=16, num_envs=4, learning_starts=400, batch_size=32,
-                     target_period=25, buffer_size=2000, total_steps=10_000)
+  base = C.DQNConfig(
+    env_name="CartPole-v1",
+    group_size=16,
+    num_envs=4,
+    learning_starts=400,
+    batch_size=32,
+    target_period=25,
+    buffer_size=2000,
+    total_steps=10_000,
+  )
   # end exactly on a sync: num_updates a multiple of target_period
   total = base.warmup_iters * base.num_envs + 4 * base.target_period * base.num_envs
   cfg = dataclasses.replace(base, total_steps=total)
@@ -106,6 +118,9 @@ def test_target_sync_keeps_quantized_view():
   # a Polyak step moves the float master; its INT4 view is the fake quant of the moved master
   moved = C.target_update(online, init, tau=0.1, do_update=jnp.asarray(True))
   ref = jax.tree.map(lambda o, t: 0.1 * np.asarray(o, np.float64) + 0.9 * np.asarray(t, np.float64), online, init)
-  np.testing.assert_allclose(mlp_apply(moved, x, spec=SPEC, activation="relu"),
-                             mlp_np(jax.tree.map(lambda a: a.astype(np.float32), ref), x, group_size=16,
-                                    activation="relu"), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(
+    mlp_apply(moved, x, spec=SPEC, activation="relu"),
+    mlp_np(jax.tree.map(lambda a: a.astype(np.float32), ref), x, group_size=16, activation="relu"),
+    rtol=1e-4,
+    atol=1e-4,
+  )

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lrl_jax import quant
 from lrl_jax import control as C
+from lrl_jax import quant
 from tests.control._ref import int4_fake_quant_np, mlp_np
 
 SPEC = quant.Int4(group_size=16)
@@ -42,8 +42,9 @@ def test_deploy_layout_and_numpy_int4_rule():
     assert isinstance(q, quant.QArray) and q.codes.dtype == jnp.uint8 and q.codes.shape == (k // 2, n)
     assert q.scale.dtype == jnp.bfloat16 and q.scale.shape == (k // 16, n)
     assert layer["bias"].dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(quant.dequantize(q), np.float64),
-                                  int4_fake_quant_np(p[name]["kernel"], 16))
+    np.testing.assert_array_equal(
+      np.asarray(quant.dequantize(q), np.float64), int4_fake_quant_np(p[name]["kernel"], 16)
+    )
     assert q.nbytes == k * n // 2 + 2 * (k // 16) * n
   assert C.param_bytes(served) < C.param_bytes(p) / 5
 

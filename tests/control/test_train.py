@@ -4,8 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from lrl_jax import quant
 from lrl_jax import control as C
+from lrl_jax import quant
 
 SEEDS = [0, 1]
 STEPS = 61_440  # 60 updates of 16 envs x 64 steps
@@ -20,8 +20,9 @@ def qat_run():
 
 
 def _greedy(policy, kind):
-  return C.evaluate(policy, env_name="CartPole-v1", apply=C.policy_apply(kind=kind, spec=SPEC), num_episodes=16,
-                    seed=7, stacked=True).mean(axis=1)
+  return C.evaluate(
+    policy, env_name="CartPole-v1", apply=C.policy_apply(kind=kind, spec=SPEC), num_episodes=16, seed=7, stacked=True
+  ).mean(axis=1)
 
 
 def test_cartpole_fp32_reaches_threshold():

@@ -5,11 +5,10 @@ on a GPU / TPU machine; there a CPU-only backend is an error, so a missing accel
 a pass (and `make test` on this CPU machine neither runs nor skips them).
 """
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lrl_jax import quant
 from lrl_jax.kernels import pallas_matmul, qmatmul, supported
@@ -19,9 +18,14 @@ pytestmark = pytest.mark.device
 if jax.default_backend() not in ("gpu", "cuda", "tpu"):  # collected only under LRL_JAX_REQUIRE_DEVICE=1
   raise RuntimeError(f"the device tests need a GPU or TPU; jax's backend is {jax.default_backend()!r}")
 
-SPECS = {"int4_g128": quant.Int4(group_size=128), "int4_g32_minmax": quant.Int4(group_size=32, scheme="minmax"),
-         "nvfp4": quant.NVFP4(), "fp8_channel": quant.FP8(), "mxfp8": quant.MXFP8()}
-TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2.0 ** -7}  # device dots: f32 sums in any order; bf16 output rounding
+SPECS = {
+  "int4_g128": quant.Int4(group_size=128),
+  "int4_g32_minmax": quant.Int4(group_size=32, scheme="minmax"),
+  "nvfp4": quant.NVFP4(),
+  "fp8_channel": quant.FP8(),
+  "mxfp8": quant.MXFP8(),
+}
+TOL = {jnp.float32: 2e-5, jnp.bfloat16: 2.0**-7}  # device dots: f32 sums in any order; bf16 output rounding
 
 
 def _served(q, dtype):
@@ -83,14 +87,27 @@ def test_mosaic_gpu_kernel_matches_float64(fmt, m):
   assert np.all(err <= bound), f"{fmt} M={m}: max err/bound {np.max(err / bound):.3g}"
 
 
-LINEAR_SPECS = {"int4_g128": quant.Int4(group_size=128), "int4_g32": quant.Int4(group_size=32),
-                "int4_g64_minmax": quant.Int4(group_size=64, scheme="minmax"), "nvfp4": quant.NVFP4()}
+LINEAR_SPECS = {
+  "int4_g128": quant.Int4(group_size=128),
+  "int4_g32": quant.Int4(group_size=32),
+  "int4_g64_minmax": quant.Int4(group_size=64, scheme="minmax"),
+  "nvfp4": quant.NVFP4(),
+}
 
 
-LINEAR_CASES = [("int4_g128", 1, jnp.bfloat16), ("int4_g128", 16, jnp.bfloat16), ("int4_g128", 100, jnp.bfloat16),
-                ("int4_g128", 1, jnp.float16), ("int4_g32", 1, jnp.bfloat16), ("int4_g32", 100, jnp.bfloat16),
-                ("int4_g64_minmax", 16, jnp.bfloat16), ("int4_g64_minmax", 3, jnp.float16),
-                ("nvfp4", 1, jnp.bfloat16), ("nvfp4", 16, jnp.bfloat16), ("nvfp4", 100, jnp.bfloat16)]
+LINEAR_CASES = [
+  ("int4_g128", 1, jnp.bfloat16),
+  ("int4_g128", 16, jnp.bfloat16),
+  ("int4_g128", 100, jnp.bfloat16),
+  ("int4_g128", 1, jnp.float16),
+  ("int4_g32", 1, jnp.bfloat16),
+  ("int4_g32", 100, jnp.bfloat16),
+  ("int4_g64_minmax", 16, jnp.bfloat16),
+  ("int4_g64_minmax", 3, jnp.float16),
+  ("nvfp4", 1, jnp.bfloat16),
+  ("nvfp4", 16, jnp.bfloat16),
+  ("nvfp4", 100, jnp.bfloat16),
+]
 
 
 @pytest.mark.parametrize("fmt,m,dtype", LINEAR_CASES)
@@ -100,6 +117,7 @@ def test_linear_layout_kernel_matches_float64(fmt, m, dtype):
   which interpret mode cannot execute, and of NVFP4's bit-placed E2M1 decode (`_mgpu_decode.e2m1_pair_bits`: the
   ±0.5 codes are bf16 subnormals before the scale multiply, which the GPU must keep)."""
   from lrl_jax.kernels import linear as lin  # pylint: disable=g-import-not-at-top
+
   _require_hopper("the linear-layout kernel")
   k, n = 4096, 2048
   rng = np.random.default_rng(m + 11)

@@ -8,11 +8,10 @@ each operand's memory tiling, layouts and VMEM allocation are checked exactly as
 import functools
 import importlib
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
@@ -28,8 +27,12 @@ pytestmark = pytest.mark.aot
 pytest.importorskip("libtpu", reason="libtpu (make test-aot) compiles for TPU")
 
 BASE = [(f, t, 4096, 4096, 16) for f in aot.FORMATS for t in aot.TOPOLOGIES]
-DECODE = [(f, t, k, n, m) for f in ("int4_g128", "int4_g128_zp", "nvfp4", "fp8_channel") for t in ("v5e:2x2", "v6e:2x2")
-          for k, n, m in ((8192, 8192, 1), (4096, 14336, 1), (8192, 8192, 64))]
+DECODE = [
+  (f, t, k, n, m)
+  for f in ("int4_g128", "int4_g128_zp", "nvfp4", "fp8_channel")
+  for t in ("v5e:2x2", "v6e:2x2")
+  for k, n, m in ((8192, 8192, 1), (4096, 14336, 1), (8192, 8192, 64))
+]
 
 
 @pytest.mark.parametrize("fmt,topo,k,n,m", BASE + DECODE, ids=str)
@@ -59,9 +62,16 @@ def test_int8_blocks_of_8_rows_do_not_tile_which_is_why_zero_points_are_cast(dty
   topo = aot.topology("v5e:2x2")
   mesh = jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",))
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  f = jax.jit(functools.partial(
-      pl.pallas_call, _copy_block_kernel, out_shape=jax.ShapeDtypeStruct((32, 4096), dtype), grid=(4, 16),
-      in_specs=[pl.BlockSpec((8, 256), lambda i, j: (i, j))], out_specs=pl.BlockSpec((8, 256), lambda i, j: (i, j)))())
+  f = jax.jit(
+    functools.partial(
+      pl.pallas_call,
+      _copy_block_kernel,
+      out_shape=jax.ShapeDtypeStruct((32, 4096), dtype),
+      grid=(4, 16),
+      in_specs=[pl.BlockSpec((8, 256), lambda i, j: (i, j))],
+      out_specs=pl.BlockSpec((8, 256), lambda i, j: (i, j)),
+    )()
+  )
   lowered = f.lower(jax.ShapeDtypeStruct((32, 4096), dtype, sharding=rep))
   if ok:
     lowered.compile()
@@ -95,13 +105,27 @@ def test_sampler_generate_compiles_for_tpu_with_the_kernels(model, fmt, monkeypa
   monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
   served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), spec))
   topo = aot.topology("v5e:2x2")
-  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec())
+  rep = jax.sharding.NamedSharding(
+    jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec()
+  )
   sds = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), t)
   b, p = 8, 32
-  args = sds((served, jax.ShapeDtypeStruct((b, p), jnp.int32), jax.ShapeDtypeStruct((b, p), jnp.bool_),
-              jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b))))
-  lowered = generate_module._generate.lower(*args, cfg=cfg, sampling=SamplingConfig(max_new_tokens=4),
-                                            cache_dtype=jnp.dtype(jnp.bfloat16), act_spec=None, lora=None)
+  args = sds(
+    (
+      served,
+      jax.ShapeDtypeStruct((b, p), jnp.int32),
+      jax.ShapeDtypeStruct((b, p), jnp.bool_),
+      jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b)),
+    )
+  )
+  lowered = generate_module._generate.lower(
+    *args,
+    cfg=cfg,
+    sampling=SamplingConfig(max_new_tokens=4),
+    cache_dtype=jnp.dtype(jnp.bfloat16),
+    act_spec=None,
+    lora=None,
+  )
   # 7 projections (q, k, v, o, gate, up, down) in the scanned layer body, once for prefill and once for decode.
   assert lowered.as_text().count("tpu_custom_call") == 14
   assert paths and set(paths) == {"pallas-mosaic-tpu"}
@@ -115,8 +139,12 @@ def test_gradient_through_the_kernel_compiles_for_tpu(fmt, monkeypatch):
   monkeypatch.setattr(dispatch, "_backend", lambda: "tpu")
   monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
   topo = aot.topology("v5e:2x2")
-  rep = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec())
-  q = jax.eval_shape(lambda w: quant.quantize(w, aot.FORMATS[fmt], axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+  rep = jax.sharding.NamedSharding(
+    jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec()
+  )
+  q = jax.eval_shape(
+    lambda w: quant.quantize(w, aot.FORMATS[fmt], axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+  )
   q = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), q)
   x = jax.ShapeDtypeStruct((16, 4096), jnp.bfloat16, sharding=rep)
   loss = lambda x, q: dispatch.qmatmul(x, q).astype(jnp.float32).sum()

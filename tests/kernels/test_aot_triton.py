@@ -7,10 +7,9 @@ resource report (through cuobjdump) and the per-SM limits of the CUDA C Programm
 
 import functools
 
-import pytest
-
 import jax
 import jax.numpy as jnp
+import pytest
 
 from lrl_jax import quant
 from lrl_jax.kernels import dispatch
@@ -24,8 +23,11 @@ triton = pytest.importorskip("triton", reason="the `aot` extra (make test-aot) c
 
 # (format, K, N, M): every format at the #3 benchmark's decode shapes, the M = 64 row tile (wgmma, the
 # largest shared-memory footprint) and f32 activations (an f32 dot).
-CASES = ([(f, 8192, 8192, 1) for f in aot.FORMATS] + [(f, 4096, 14336, 16) for f in aot.FORMATS]
-         + [(f, 8192, 8192, 64) for f in aot.FORMATS])
+CASES = (
+  [(f, 8192, 8192, 1) for f in aot.FORMATS]
+  + [(f, 4096, 14336, 16) for f in aot.FORMATS]
+  + [(f, 8192, 8192, 64) for f in aot.FORMATS]
+)
 H200 = aot.SMS[90]
 
 
@@ -50,8 +52,9 @@ def test_f32_activations_compile_but_spill_so_dispatch_takes_xla(fmt, monkeypatc
   assert r.fits and r.mma == "" and r.local_bytes > 0
   monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
   monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
-  q = jax.eval_shape(lambda w: quant.quantize(w, aot.FORMATS[fmt], axis=-2),
-                     jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+  q = jax.eval_shape(
+    lambda w: quant.quantize(w, aot.FORMATS[fmt], axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+  )
   s = dispatch.supported(jnp.zeros((3, 4096), jnp.float32), q)
   assert not s.pallas and "float32" in s.reason
   assert dispatch.supported(jnp.zeros((3, 4096), jnp.bfloat16), q).pallas
@@ -78,13 +81,16 @@ def test_sm80_compiles_int4_and_refuses_e4m3_as_dispatch_says(capfd, monkeypatch
     assert not s.pallas and "sm_89" in s.reason
 
 
-@pytest.mark.parametrize("regs,smem,warps,want", [
+@pytest.mark.parametrize(
+  "regs,smem,warps,want",
+  [
     (222, 50176, 4, (2, "registers")),  # 222 -> 224 regs/thread = 7168 per warp: 9 warps -> 2 programs of 4
     (107, 81920, 4, (2, "shared")),  # 112·32 = 3584 per warp: 18 warps -> 4; (80 + 1) KiB: 228 // 81 = 2
     (16, 0, 4, (16, "warps")),  # 64 resident warps / 4
     (32, 1024, 1, (32, "blocks")),
     (96, 240 * 1024, 4, (0, "shared")),  # over the 227 KiB a program may have: does not launch
-])
+  ],
+)
 def test_occupancy_rules(regs, smem, warps, want):
   assert aot.occupancy(H200, registers=regs, shared=smem, warps=warps) == want
 
@@ -108,7 +114,9 @@ def test_sampler_generate_kernels_compile_for_sm90(model, fmt, monkeypatch):
   b, p = 8, 32
   sampling = SamplingConfig(max_new_tokens=4)
   fn = lambda params, prompts, valid: generate(params, prompts, valid, cfg, sampling, jax.random.key(0))
-  irs = aot.lowered_triton_irs(fn, served, jax.ShapeDtypeStruct((b, p), jnp.int32), jax.ShapeDtypeStruct((b, p), jnp.bool_))
+  irs = aot.lowered_triton_irs(
+    fn, served, jax.ShapeDtypeStruct((b, p), jnp.int32), jax.ShapeDtypeStruct((b, p), jnp.bool_)
+  )
   assert len(irs) == 14  # 7 projections in the scanned layer body, for prefill and for decode
   assert {ir.num_warps for ir in irs} == {4, 8}  # decode (16-row tile) and prefill (64-row tiles)
   for ir in irs:

@@ -8,8 +8,12 @@ from lrl_jax.kernels.blocks import DEFAULTS, BlockConfig, plan
 
 
 def test_bench_main_on_cpu(capsys):
-  assert bench.main(["--shapes", "256x256", "--m", "1,3", "--iters", "1", "--warmup", "1",
-                     "--formats", "int4_g128,fp8_channel"]) == 0
+  assert (
+    bench.main(
+      ["--shapes", "256x256", "--m", "1,3", "--iters", "1", "--warmup", "1", "--formats", "int4_g128,fp8_channel"]
+    )
+    == 0
+  )
   out = capsys.readouterr().out
   assert "accelerator (Pallas) rows were NOT measured" in out
   assert out.count("| bf16 dot |") == 2
@@ -97,6 +101,7 @@ def test_a_failing_kernel_costs_only_its_own_rows(monkeypatch):
     del interpret
     seen.append((w.shape, w.axis, split_k))  # the weight in the nn.Linear layout
     from lrl_jax.kernels.linear import xla_linear  # pylint: disable=g-import-not-at-top
+
     return xla_linear(x, w)
 
   monkeypatch.setattr(bench, "mosaic_linear", fake_linear)

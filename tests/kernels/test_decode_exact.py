@@ -5,10 +5,9 @@ form multiplies in f32 and rounds to bf16. Those agree when the product is exact
 that is checked in float64 for every nibble and every finite scale of the format.
 """
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-
-import jax.numpy as jnp
 
 from lrl_jax.kernels import matmul
 from lrl_jax.kernels._decode import _e2m1

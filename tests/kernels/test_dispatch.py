@@ -2,11 +2,10 @@
 
 import logging
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 
 from lrl_jax import kernels, quant
 from lrl_jax.kernels import dispatch
@@ -26,9 +25,11 @@ def _ref(x, q):
 @pytest.fixture
 def on_backend(monkeypatch):
   """Makes qmatmul dispatch as if on `name` (the kernel itself still runs in interpret mode on CPU)."""
+
   def set_backend(name):
     monkeypatch.setattr(dispatch, "_backend", lambda: name)
     monkeypatch.setattr(dispatch, "_logged", set())
+
   return set_backend
 
 
@@ -40,7 +41,7 @@ def test_cpu_default_is_xla_and_says_why():
   s = kernels.supported(x, q, impl="pallas")
   assert s and s.path == "pallas-interpret"
   y = kernels.qmatmul(x, q)
-  np.testing.assert_allclose(np.asarray(y, np.float64), _ref(x, q), rtol=2 ** -8, atol=1e-2)
+  np.testing.assert_allclose(np.asarray(y, np.float64), _ref(x, q), rtol=2**-8, atol=1e-2)
 
 
 @pytest.mark.parametrize("backend,path", [("gpu", "pallas-triton"), ("tpu", "pallas-mosaic-tpu")])
@@ -51,7 +52,7 @@ def test_accelerator_picks_the_kernel(on_backend, backend, path):
   s = kernels.supported(x, q)
   assert s.pallas and s.path == path
   y = kernels.qmatmul(x, q)
-  np.testing.assert_allclose(np.asarray(y, np.float64), _ref(x, q), rtol=2 ** -8, atol=1e-2)
+  np.testing.assert_allclose(np.asarray(y, np.float64), _ref(x, q), rtol=2**-8, atol=1e-2)
   x32 = x.astype(jnp.float32)
   s = kernels.supported(x32, q)
   if backend == "gpu":  # exact f32 has no tensor-core dot and spills on sm_90 (test_triton_aot.py): XLA
@@ -86,7 +87,7 @@ def test_unsupported_shape_falls_back_and_logs_why_once(on_backend, caplog):
     y2 = kernels.qmatmul(x, q)
   msgs = [r.getMessage() for r in caplog.records if "N=200" in r.getMessage()]
   assert len(msgs) == 1, msgs  # once per reason
-  np.testing.assert_allclose(np.asarray(y1, np.float64), _ref(x, q), rtol=2 ** -8, atol=1e-2)
+  np.testing.assert_allclose(np.asarray(y1, np.float64), _ref(x, q), rtol=2**-8, atol=1e-2)
   np.testing.assert_array_equal(np.asarray(y1), np.asarray(y2))
   with pytest.raises(ValueError, match=r"impl='pallas'.*N=200"):
     kernels.qmatmul(x, q, impl="pallas")

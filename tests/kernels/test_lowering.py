@@ -7,18 +7,23 @@ compile are in test_aot_tpu.py / test_aot_triton.py (`make test-aot`); the numbe
 
 import re
 
-import pytest
-
 import jax
 import jax.numpy as jnp
+import pytest
 from jax import export
 
 from lrl_jax import quant
 from lrl_jax.kernels import BlockConfig, pallas_matmul
 
-SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.Int4(group_size=32, scheme="minmax"),
-         quant.NVFP4(), quant.FP8(),
-         quant.FP8(granularity="block"), quant.MXFP8()]
+SPECS = [
+  quant.Int4(group_size=32),
+  quant.Int4(group_size=128),
+  quant.Int4(group_size=32, scheme="minmax"),
+  quant.NVFP4(),
+  quant.FP8(),
+  quant.FP8(granularity="block"),
+  quant.MXFP8(),
+]
 CUSTOM_CALL = {"tpu": "tpu_custom_call", "cuda": "__gpu$xla.gpu.triton"}
 
 
@@ -48,7 +53,10 @@ def test_gpu_row_tile_overhang_is_masked(m, masked):
   of the row tile, the activation loads and the partial-sum store carry a row mask in the Triton IR (x and the
   [S, M, N] partials are not padded to the tile: at M = 1 padding wrote and re-read 16 rows)."""
   from lrl_jax.kernels import triton_aot  # pylint: disable=g-import-not-at-top
-  q = jax.eval_shape(lambda w: quant.quantize(w, quant.Int4(), axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32))
+
+  q = jax.eval_shape(
+    lambda w: quant.quantize(w, quant.Int4(), axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
+  )
   (ir,) = triton_aot.triton_ir(jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16), q)
   stores = re.findall(r"tt\.store ([^:]*):", ir.ttir)
   x_loads = re.findall(r"tt\.load ([^:]*): tensor<\d+x\d+x!tt\.ptr<bf16>>", ir.ttir)

@@ -6,34 +6,32 @@ checked against `quant.dequantize`; the kernels must then equal x @ ŵ, where ŵ
 rounded to the activation dtype, up to f32 summation order and the output rounding.
 """
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
 from lrl_jax import quant
-from lrl_jax.kernels import (BlockConfig, Unsupported, fp8_matmul, nvfp4_matmul, pallas_matmul, w4a16_matmul,
-                             xla_matmul)
+from lrl_jax.kernels import BlockConfig, Unsupported, fp8_matmul, nvfp4_matmul, pallas_matmul, w4a16_matmul, xla_matmul
 from lrl_jax.kernels.blocks import plan
 
 K, N = 256, 256
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
 SPECS = {
-    "int4_g32": quant.Int4(group_size=32),
-    "int4_g64": quant.Int4(group_size=64),
-    "int4_g128": quant.Int4(group_size=128),
-    "int4_g32_minmax": quant.Int4(group_size=32, scheme="minmax"),  # zero points: ŵ = (q − z)·s
-    "nvfp4": quant.NVFP4(),
-    "fp8_channel": quant.FP8(),
-    "fp8_block": quant.FP8(granularity="block"),
-    "mxfp8": quant.MXFP8(),
+  "int4_g32": quant.Int4(group_size=32),
+  "int4_g64": quant.Int4(group_size=64),
+  "int4_g128": quant.Int4(group_size=128),
+  "int4_g32_minmax": quant.Int4(group_size=32, scheme="minmax"),  # zero points: ŵ = (q − z)·s
+  "nvfp4": quant.NVFP4(),
+  "fp8_channel": quant.FP8(),
+  "fp8_block": quant.FP8(granularity="block"),
+  "mxfp8": quant.MXFP8(),
 }
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 # Per-element bound |y - ref| <= TOL · (|x| @ |ŵ|): f32 summation, or the bf16 output rounding (2^-9).
-TOL = {"f32": 2e-6, "bf16": 2.0 ** -8}
+TOL = {"f32": 2e-6, "bf16": 2.0**-8}
 
 
 def _weights(seed=0, k=K, n=N):
@@ -139,8 +137,9 @@ def test_several_k_steps(fmt, target):
   _check_close(pallas_matmul(x, q, block=block, target=target, interpret=True), x, _np_dequant(q), "f32")
 
 
-@pytest.mark.parametrize("fmt,fn", [("int4_g128", w4a16_matmul), ("nvfp4", nvfp4_matmul),
-                                    ("fp8_channel", fp8_matmul), ("mxfp8", fp8_matmul)])
+@pytest.mark.parametrize(
+  "fmt,fn", [("int4_g128", w4a16_matmul), ("nvfp4", nvfp4_matmul), ("fp8_channel", fp8_matmul), ("mxfp8", fp8_matmul)]
+)
 def test_named_entry_points_jit_and_leading_dims(qweights, fmt, fn):
   q, w_hat = qweights[fmt]
   x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 5, K)), jnp.bfloat16)
@@ -227,7 +226,7 @@ def test_nvfp4_applies_its_decode_scale_after_the_sum(qweights, path):
   y = xla_matmul(x, q) if path == "xla" else pallas_matmul(x, q, target=path, interpret=True)
   x64 = np.asarray(x.astype(jnp.float32), np.float64)
   ref, scale = x64 @ w_hat, np.abs(x64) @ np.abs(w_hat)
-  bound = 2.0 ** -8 * np.abs(ref) + TOL["f32"] * scale  # the bf16 output's half ulp, and f32 summation
+  bound = 2.0**-8 * np.abs(ref) + TOL["f32"] * scale  # the bf16 output's half ulp, and f32 summation
   err = np.abs(np.asarray(y.astype(jnp.float32), np.float64) - ref)
   assert np.all(err <= bound), f"max err/bound {np.max(err / bound):.3g}"
   per_weight = _round(x64 @ _round(w_hat, jnp.bfloat16), jnp.bfloat16)  # what rounding ŵ to bf16 first gives

@@ -5,11 +5,10 @@ primitives; it ignores register layouts, which the `cuda` lowering checks instea
 budget). Together they cover everything but ptxas and the clock: no GPU here.
 """
 
-import numpy as np
-import pytest
-
 import jax
 import jax.numpy as jnp
+import numpy as np
+import pytest
 from jax import export
 
 from lrl_jax import kernels, quant
@@ -17,7 +16,7 @@ from lrl_jax.kernels import BlockConfig, Unsupported, dispatch, pallas_matmul, x
 from lrl_jax.kernels import mosaic_gpu as mg
 from lrl_jax.kernels.blocks import plan
 from lrl_jax.kernels.matmul import smem_bytes
-from tests.kernels.test_matmul import K, N, SPECS, TOL, _check_close, _np_dequant, _served, _weights
+from tests.kernels.test_matmul import SPECS, TOL, K, N, _check_close, _np_dequant, _served, _weights
 
 FORMATS = ["int4_g32", "int4_g128", "int4_g32_minmax", "nvfp4", "fp8_channel", "mxfp8"]
 
@@ -100,15 +99,16 @@ def test_dispatch(monkeypatch, qw):
   ref = np.asarray(xla_matmul(x, q).astype(jnp.float32))
   s = kernels.supported(x, q, impl="mosaic_gpu")
   assert s.pallas and s.target == "mosaic_gpu"
-  np.testing.assert_allclose(np.asarray(kernels.qmatmul(x, q, impl="mosaic_gpu").astype(jnp.float32)), ref,
-                             rtol=2 ** -7, atol=2e-2)
+  np.testing.assert_allclose(
+    np.asarray(kernels.qmatmul(x, q, impl="mosaic_gpu").astype(jnp.float32)), ref, rtol=2**-7, atol=2e-2
+  )
   monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
   monkeypatch.setattr(dispatch, "_logged", set())
   assert kernels.supported(x, q).path == "pallas-triton"
   monkeypatch.setattr(mg, "triton_available", lambda: False)
   s = kernels.supported(x, q)
   assert s.pallas and s.path == "pallas-mosaic-gpu"
-  np.testing.assert_allclose(np.asarray(kernels.qmatmul(x, q).astype(jnp.float32)), ref, rtol=2 ** -7, atol=2e-2)
+  np.testing.assert_allclose(np.asarray(kernels.qmatmul(x, q).astype(jnp.float32)), ref, rtol=2**-7, atol=2e-2)
   s = kernels.supported(x.astype(jnp.float32), q)
   assert not s.pallas and "float32" in s.reason
   s = kernels.supported(x, quant.quantize(jnp.asarray(_weights()), quant.FP8(granularity="block"), axis=-2))
@@ -117,8 +117,11 @@ def test_dispatch(monkeypatch, qw):
     kernels.qmatmul(x.astype(jnp.float32), q, impl="mosaic_gpu")
 
 
-LOWER_CASES = ([(f, 2048, 512, 3) for f in FORMATS]
-               + [("int4_g128", 8192, 8192, 1), ("nvfp4", 4096, 14336, 16), ("int4_g32_minmax", 8192, 8192, 64)])
+LOWER_CASES = [(f, 2048, 512, 3) for f in FORMATS] + [
+  ("int4_g128", 8192, 8192, 1),
+  ("nvfp4", 4096, 14336, 16),
+  ("int4_g32_minmax", 8192, 8192, 64),
+]
 
 
 @pytest.mark.parametrize("fmt,k,n,m", LOWER_CASES)
@@ -138,19 +141,23 @@ def test_sampler_generate_lowers_with_mosaic_gpu_kernels(fmt, monkeypatch):
   """The whole sampler (prefill, the decode loop over the KV cache, scanned layers) lowers for cuda with dispatch as
   on an H200 whose jax has no Triton: all 14 projections (7 per layer body, prefill and decode) are Mosaic GPU."""
   import functools  # pylint: disable=g-import-not-at-top
+
   from lrl_jax.models import init_params  # pylint: disable=g-import-not-at-top
   from lrl_jax.sampler import SamplingConfig, generate, serve_params  # pylint: disable=g-import-not-at-top
   from tests.kernels._aot_cases import MODELS, SAMPLER_FORMATS  # pylint: disable=g-import-not-at-top
+
   cfg = MODELS["llama_1k"]
   monkeypatch.setattr(dispatch, "_backend", lambda: "gpu")
   monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
   monkeypatch.setattr(mg, "triton_available", lambda: False)
   monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
   served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), SAMPLER_FORMATS[fmt]))
-  fn = lambda params, prompts, valid: generate(params, prompts, valid, cfg, SamplingConfig(max_new_tokens=4),
-                                               jax.random.key(0))
+  fn = lambda params, prompts, valid: generate(
+    params, prompts, valid, cfg, SamplingConfig(max_new_tokens=4), jax.random.key(0)
+  )
   exp = export.export(jax.jit(fn), platforms=["cuda"])(
-      served, jax.ShapeDtypeStruct((8, 32), jnp.int32), jax.ShapeDtypeStruct((8, 32), jnp.bool_))
+    served, jax.ShapeDtypeStruct((8, 32), jnp.int32), jax.ShapeDtypeStruct((8, 32), jnp.bool_)
+  )
   text = exp.mlir_module()
   assert text.count("stablehlo.custom_call @mosaic_gpu_v2") == 14
   assert "__gpu$xla.gpu.triton" not in text

@@ -10,10 +10,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from _learner_util import tiny_cfg  # noqa: E402
 from orbax.checkpoint._src.path import atomicity  # noqa: E402
 
-from _learner_util import tiny_cfg  # noqa: E402
 from lrl_jax import learner as L  # noqa: E402
 
 

@@ -14,8 +14,9 @@ _forward = jax.jit(models.forward, static_argnames=("cfg",))
 
 
 def tiny_cfg(**kw) -> models.ModelConfig:
-  base = dict(arch="qwen2", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-              num_kv_heads=2)
+  base = dict(
+    arch="qwen2", vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2
+  )
   base.update(kw)
   return models.ModelConfig(**base)
 
@@ -54,8 +55,14 @@ def make_batch(seed: int, model_cfg, params, *, noise: float = 0.3, per_token_ad
   old = logp + 0.5 * noise * rng.normal(size=(B, T))
   adv = rng.normal(size=(B, T) if per_token_adv else (B,))
   f = lambda x: jnp.asarray(x, jnp.float32)
-  return L.Rollout(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(loss_mask), sampler_logp=f(mu),
-                 advantages=f(adv), valid=jnp.asarray(valid), old_logp=f(old))
+  return L.Rollout(
+    tokens=jnp.asarray(tokens),
+    loss_mask=jnp.asarray(loss_mask),
+    sampler_logp=f(mu),
+    advantages=f(adv),
+    valid=jnp.asarray(valid),
+    old_logp=f(old),
+  )
 
 
 def host(tree):
@@ -64,8 +71,11 @@ def host(tree):
 
 
 def max_abs_diff(a, b) -> float:
-  d = jax.tree_util.tree_map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
-                             if np.size(x) else 0.0, a, b)
+  d = jax.tree_util.tree_map(
+    lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) if np.size(x) else 0.0,
+    a,
+    b,
+  )
   return max(jax.tree_util.tree_leaves(d))
 
 

@@ -7,14 +7,15 @@ import sys
 import time
 
 import jax
-import numpy as np
 import pytest
-
 from _learner_util import host, make_batch, max_abs_diff, tiny_cfg
+
 from lrl_jax import learner as L
 
 MC = tiny_cfg()
-CFG = L.LearnerConfig(lr=1e-3, compute_dtype="float32", correction=L.CorrectionConfig(method="tis"))  # the step tests' config: shared compile
+CFG = L.LearnerConfig(
+  lr=1e-3, compute_dtype="float32", correction=L.CorrectionConfig(method="tis")
+)  # the step tests' config: shared compile
 
 
 def _batch_for_step(k, params0):
@@ -87,8 +88,9 @@ def test_sigkill_during_save_resumes_from_last_complete(tmp_path):
   # one device in the child; conftest's other XLA flags too, so that its init compiles like ours (bit for bit)
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform")]
   env = dict(os.environ, XLA_FLAGS=" ".join(["--xla_force_host_platform_device_count=1", *flags]))
-  proc = subprocess.Popen([sys.executable, child, directory], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env)
+  proc = subprocess.Popen(
+    [sys.executable, child, directory], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+  )
   lines = []
   try:
     deadline = time.time() + 120

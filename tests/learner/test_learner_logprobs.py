@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from _learner_util import B, T, V, np_token_logprobs, tiny_cfg
+
 from lrl_jax import learner as L
 from lrl_jax import models, quant
 
@@ -15,9 +15,14 @@ def test_logprobs_from_logits_shift_and_gaps():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(3, 7, 11)).astype(np.float32) * 3
   tokens = rng.integers(0, 11, (3, 7)).astype(np.int32)
-  valid = np.array([[1, 1, 1, 1, 1, 1, 1],
-                    [0, 0, 1, 1, 1, 1, 0],   # left + right padding
-                    [1, 1, 0, 0, 1, 1, 1]], bool)  # a gap (prompt padded on the right)
+  valid = np.array(
+    [
+      [1, 1, 1, 1, 1, 1, 1],
+      [0, 0, 1, 1, 1, 1, 0],  # left + right padding
+      [1, 1, 0, 0, 1, 1, 1],
+    ],
+    bool,
+  )  # a gap (prompt padded on the right)
   got = L.logprobs_from_logits(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(valid))
   want = np_token_logprobs(logits, tokens, valid)
   np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=2e-6)  # f32 log-softmax vs f64
@@ -41,8 +46,13 @@ def _batch(seed=1):
   tokens = rng.integers(0, V, (B, T)).astype(np.int32)
   valid = np.arange(T)[None, :] < rng.integers(T - 4, T + 1, B)[:, None]
   z = jnp.zeros((B, T), jnp.float32)
-  return L.Rollout(tokens=jnp.asarray(tokens), loss_mask=jnp.asarray(valid), sampler_logp=z,
-                 advantages=jnp.zeros((B,), jnp.float32), valid=jnp.asarray(valid))
+  return L.Rollout(
+    tokens=jnp.asarray(tokens),
+    loss_mask=jnp.asarray(valid),
+    sampler_logp=z,
+    advantages=jnp.zeros((B,), jnp.float32),
+    valid=jnp.asarray(valid),
+  )
 
 
 def test_token_logprobs_matches_numpy_of_forward():
@@ -56,11 +66,15 @@ def test_token_logprobs_matches_numpy_of_forward():
   np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)  # f32 log-softmax of f32 logits
 
 
-@pytest.mark.parametrize("spec, dtype", [
+@pytest.mark.parametrize(
+  "spec, dtype",
+  [
     pytest.param(quant.Int4(group_size=32), "float32", marks=pytest.mark.slow),
     pytest.param(quant.Int4(group_size=32), "bfloat16", marks=pytest.mark.slow),  # step test covers it
     (quant.NVFP4(), "bfloat16"),
-], ids=["int4-f32", "int4-bf16", "nvfp4-bf16"])
+  ],
+  ids=["int4-f32", "int4-bf16", "nvfp4-bf16"],
+)
 def test_qat_logprobs_equal_fake_quant_params(spec, dtype):
   """π under QAT == π of the served QArray tree of the array the matmul sees (the compute-dtype cast of the fp32
   masters: the sampler must quantize that cast) == π of a plain forward on fake_quant_params of it (NVFP4: up to
@@ -80,8 +94,9 @@ def test_qat_logprobs_equal_fake_quant_params(spec, dtype):
   if isinstance(spec, quant.NVFP4):
     # NVFP4's dot applies dec after the K sum (`quant.qdot`); a float tree can only hold round_bf16(ŵ): the two
     # differ by that rounding (2^-9 of each weight), far below what QAT changes (asserted below).
-    assert float(jnp.max(jnp.abs(got - want))) < 0.05 * float(jnp.max(jnp.abs(
-        L.token_logprobs(params, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype)) - got)))
+    assert float(jnp.max(jnp.abs(got - want))) < 0.05 * float(
+      jnp.max(jnp.abs(L.token_logprobs(params, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype)) - got))
+    )
   else:
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # bit for bit
   plain = L.token_logprobs(params, batch, mc, cfg=L.LearnerConfig(compute_dtype=dtype))

@@ -3,9 +3,10 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import AxisType, PartitionSpec as P
-
 from _learner_util import tiny_cfg
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
+
 from lrl_jax import learner as L
 from lrl_jax import models, quant
 
@@ -33,8 +34,9 @@ def test_logical_to_spec_rules_and_fallback(mesh):
   # 3 is not divisible by tensor = 2: that dimension falls back to replicated, the other keeps fsdp.
   assert L.logical_to_spec(("embed", "kv_heads"), (32, 3), mesh) == P("fsdp", None)
   # batch over (data, fsdp) = 4 rows per step of the split; a mesh axis is used at most once per array.
-  assert L.logical_to_spec(("batch", "length", "embed"), (8, 5, 32), mesh, L.ACTIVATION_RULES) == \
-      P(("data", "fsdp"), None, None)
+  assert L.logical_to_spec(("batch", "length", "embed"), (8, 5, 32), mesh, L.ACTIVATION_RULES) == P(
+    ("data", "fsdp"), None, None
+  )
   assert L.logical_to_spec(("heads", "mlp"), (4, 4), mesh) == P("tensor", None)
   with pytest.raises(ValueError, match="names"):
     L.logical_to_spec(("embed",), (4, 4), mesh)
@@ -78,8 +80,15 @@ def test_shard_batch_checks_divisibility(mesh):
 
 
 def test_initialize_distributed_single_process(monkeypatch):
-  for k in ("LRL_JAX_COORDINATOR", "LRL_JAX_NUM_PROCESSES", "LRL_JAX_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
-            "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES"):
+  for k in (
+    "LRL_JAX_COORDINATOR",
+    "LRL_JAX_NUM_PROCESSES",
+    "LRL_JAX_PROCESS_ID",
+    "JAX_COORDINATOR_ADDRESS",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "TPU_WORKER_HOSTNAMES",
+  ):
     monkeypatch.delenv(k, raising=False)
   assert L.initialize_distributed() is False
   with pytest.raises(ValueError, match="together"):

@@ -6,8 +6,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from _learner_util import (
+  B,
+  T,
+  _forward,
+  assert_update_close,
+  host,
+  make_batch,
+  max_abs_diff,
+  np_token_logprobs,
+  tiny_cfg,
+)
 
-from _learner_util import B, T, _forward, assert_update_close, host, make_batch, max_abs_diff, np_token_logprobs, tiny_cfg
 from lrl_jax import learner as L
 from lrl_jax import models, quant
 
@@ -55,8 +65,17 @@ def test_loss_matches_numpy_ppo_with_tis(full_batch_run):
   assert metrics["loss"] == pytest.approx(want, rel=1e-5, abs=1e-6)  # f32 forward vs f64 reference
   assert 0 < metrics["clip_frac_low"] + metrics["clip_frac_high"] < 1  # the clip is exercised
   assert metrics["skipped"] == 0 and metrics["lr"] == pytest.approx(CFG.lr)
-  for k in ("prob_abs_diff_mean", "prob_abs_diff_max", "log_abs_diff_mean", "kl_k1", "kl_k3", "log_ppl_ratio",
-            "ess_token", "pearson_logp", "nonfinite_frac"):
+  for k in (
+    "prob_abs_diff_mean",
+    "prob_abs_diff_max",
+    "log_abs_diff_mean",
+    "kl_k1",
+    "kl_k3",
+    "log_ppl_ratio",
+    "ess_token",
+    "pearson_logp",
+    "nonfinite_frac",
+  ):
     assert f"mismatch/{k}" in metrics
   m = np.asarray(batch.loss_mask, bool)
   d = np.abs(np.exp(_np_logp(p0, batch)) - np.exp(np.asarray(batch.sampler_logp, np.float64)))
@@ -74,8 +93,18 @@ def test_micro_batches_equal_full_batch(full_batch_run, micro):
   new, metrics = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
   assert metrics["loss"] == pytest.approx(m1["loss"], rel=1e-6, abs=1e-7)
   assert float(metrics["grad_norm"]) == pytest.approx(m1["grad_norm"], rel=1e-5)
-  for k in ("pg_loss", "clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "entropy",
-            "mismatch/kl_k3", "mismatch/pearson_logp", "correction/ess_token"):
+  for k in (
+    "pg_loss",
+    "clip_frac_low",
+    "clip_frac_high",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_max",
+    "entropy",
+    "mismatch/kl_k3",
+    "mismatch/pearson_logp",
+    "correction/ess_token",
+  ):
     assert float(metrics[k]) == pytest.approx(m1[k], rel=1e-5, abs=1e-7), k
   assert_update_close(host(new.params), host(new.opt_state), p1, opt1)
 
@@ -103,8 +132,15 @@ def test_gspo_seq_mean_micro_batches():
   """Sequence-level aggregation too: M = 2 equals M = 1."""
   out = []
   for micro in (1, 2):
-    cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", policy_loss="gspo", clip_eps_low=0.05,
-                          clip_eps_high=0.05, agg="seq-mean-token-mean", micro_batches=micro)
+    cfg = L.LearnerConfig(
+      lr=1e-3,
+      compute_dtype="float32",
+      policy_loss="gspo",
+      clip_eps_low=0.05,
+      clip_eps_high=0.05,
+      agg="seq-mean-token-mean",
+      micro_batches=micro,
+    )
     state = _state(cfg)
     batch = make_batch(3, MC, state.params)
     new, metrics = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
@@ -133,8 +169,7 @@ def test_sharded_step_equals_single_device(full_batch_run):
   assert_update_close(host(new.params), host(new.opt_state), p1, opt1)
   got = jax.tree_util.tree_map(lambda x: x.sharding, new)
   for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-    assert g.is_equivalent_to(w, 3) or g.is_equivalent_to(w, 2) or g.is_equivalent_to(w, 1) or \
-        g.is_equivalent_to(w, 0)
+    assert g.is_equivalent_to(w, 3) or g.is_equivalent_to(w, 2) or g.is_equivalent_to(w, 1) or g.is_equivalent_to(w, 0)
 
 
 def test_nan_guard_skips_and_counts():
@@ -167,8 +202,12 @@ def test_nan_guard_skips_and_counts():
 
 @pytest.mark.parametrize("base", [pytest.param("float", marks=pytest.mark.slow), "int4-served"])
 def test_lora_only_trains_adapters_over_frozen_base(base):
-  cfg = L.LearnerConfig(lr=1e-2, compute_dtype="float32", qat=quant.Int4(group_size=32) if base == "float" else None,
-                        lora=models.LoraConfig(rank=4))
+  cfg = L.LearnerConfig(
+    lr=1e-2,
+    compute_dtype="float32",
+    qat=quant.Int4(group_size=32) if base == "float" else None,
+    lora=models.LoraConfig(rank=4),
+  )
   params = models.init_params(MC, jax.random.PRNGKey(5))
   if base == "int4-served":  # under jit: one compiled program each, not a dozen small ones per leaf
     rules = quant.QuantRules.default(quant.Int4(group_size=32))
@@ -194,14 +233,19 @@ def test_value_head_trains_on_returns_only_and_acrl_reference():
   """Zero advantages: the policy gradient vanishes (params unchanged); the value head learns, and the
   reported value loss matches the NumPy pinball + MSE formula (write-up 003). ACRL's X is measured
   on the first batch: X = mean_b mean_t |π_old − μ| (Fan et al. 2026)."""
-  cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", policy_loss="ppo",  # a critic: Δ = 0.1, no schedule
-                        value=L.ValueConfig(coef=1.0, alpha=0.7, quantized=True, schedule="constant"),
-                        correction=L.CorrectionConfig(method="acrl"))
+  cfg = L.LearnerConfig(
+    lr=1e-3,
+    compute_dtype="float32",
+    policy_loss="ppo",  # a critic: Δ = 0.1, no schedule
+    value=L.ValueConfig(coef=1.0, alpha=0.7, quantized=True, schedule="constant"),
+    correction=L.CorrectionConfig(method="acrl"),
+  )
   state = _state(cfg)
   batch = make_batch(2, MC, state.params)
   rng = np.random.default_rng(7)
-  batch = batch.replace(advantages=jnp.zeros((B,), jnp.float32),
-                        returns=jnp.asarray(rng.normal(size=(B, T)), jnp.float32))
+  batch = batch.replace(
+    advantages=jnp.zeros((B,), jnp.float32), returns=jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
+  )
   assert not bool(state.acrl.is_set)
   values = np.asarray(L.prepare_rollout(state, batch, model_cfg=MC, cfg=cfg)[0].values, np.float64)
   p0, v0 = host(state.params), host(state.value_head)
@@ -232,7 +276,9 @@ def test_prepare_rollout_old_logprobs_and_ref():
   assert np.all(np.asarray(old)[~valid] == 0)
 
 
-@pytest.mark.parametrize("kw, match", [
+@pytest.mark.parametrize(
+  "kw, match",
+  [
     (dict(lr=0.0), "lr"),
     (dict(schedule="cosine"), "total_steps"),
     (dict(correction={"method": "tis", "level": "geometric"}), "learner.correction.level"),
@@ -240,7 +286,8 @@ def test_prepare_rollout_old_logprobs_and_ref():
     (dict(agg="mean"), "agg"),
     (dict(qat="int4"), "qat"),
     (dict(compute_dtype="float16"), "compute_dtype"),
-])
+  ],
+)
 def test_config_rejects_bad_values(kw, match):
   with pytest.raises(ValueError, match=match):
     L.LearnerConfig(**kw)
@@ -255,8 +302,12 @@ def test_step_rejects_bad_batch():
   with pytest.raises(ValueError, match="sampler_logp"):
     L.train_step(state, batch.replace(sampler_logp=jnp.zeros((B, T + 1))), model_cfg=MC, cfg=CFG)
   with pytest.raises(ValueError, match="old_logp"):
-    L.train_step(state, batch.replace(old_logp=None), model_cfg=MC,
-                 cfg=L.LearnerConfig(correction=L.CorrectionConfig(method="mis")))
+    L.train_step(
+      state,
+      batch.replace(old_logp=None),
+      model_cfg=MC,
+      cfg=L.LearnerConfig(correction=L.CorrectionConfig(method="mis")),
+    )
 
 
 def test_optimizer_keys_from_yaml_reach_optax():
@@ -264,8 +315,17 @@ def test_optimizer_keys_from_yaml_reach_optax():
   exactly optax.adamw's updates with those settings (the reference), and not the defaults' updates."""
   from lrl_jax.config import load_config
 
-  cfg = load_config(None, ["learner.lr=0.1", "learner.b1=0.5", "learner.b2=0.9", "learner.eps=1e-3",
-                           "learner.nesterov=true", "learner.grad_clip=null"]).learner
+  cfg = load_config(
+    None,
+    [
+      "learner.lr=0.1",
+      "learner.b1=0.5",
+      "learner.b2=0.9",
+      "learner.eps=1e-3",
+      "learner.nesterov=true",
+      "learner.grad_clip=null",
+    ],
+  ).learner
   params = {"layer": {"kernel": jnp.asarray([1.0, -2.0, 3.0])}}
   grads = [{"layer": {"kernel": jnp.asarray(g)}} for g in ([0.3, -0.1, 0.2], [-0.2, 0.4, 0.1])]
   ref = optax.adamw(0.1, b1=0.5, b2=0.9, eps=1e-3, weight_decay=0.0, nesterov=True)

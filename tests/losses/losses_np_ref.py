@@ -108,8 +108,9 @@ def ppo_per_token(logp, old_logp, adv, eps_low, eps_high, dual_c=None):
   return -obj, -grad
 
 
-def ppo_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.28, dual_c=None, agg="token-mean",
-             norm_len=None, weights=None):
+def ppo_loss(
+  logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=0.28, dual_c=None, agg="token-mean", norm_len=None, weights=None
+):
   """Loss and its gradient w.r.t. logp (analytic, per token), float64."""
   logp, old_logp, mask = f64(logp), f64(old_logp), np.asarray(mask, bool)
   adv = f64(adv)

@@ -18,7 +18,6 @@ def _is_static(x):
 
 
 class _Jit:
-
   def __init__(self, fn):
     self.fn = fn
     self.cache = {}

@@ -4,9 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lrl_jax.losses
+
 from . import losses_np_ref as ref
 from .losses_testutil import jitted
 
@@ -37,8 +39,7 @@ def test_grpo_random_with_mask(scale_by_std, ddof):
   got = L.grpo_advantages(r, group_size=4, mask=keep, scale_by_std=scale_by_std, ddof=ddof)
   want = ref.grpo(r, 4, keep, scale_by_std, ddof=ddof)
   np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
-  np.testing.assert_allclose(L.rloo_advantages(r, group_size=4, mask=keep), ref.rloo(r, 4, keep),
-                             rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(L.rloo_advantages(r, group_size=4, mask=keep), ref.rloo(r, 4, keep), rtol=RTOL, atol=ATOL)
 
 
 @settings(max_examples=20, deadline=None)
@@ -49,8 +50,7 @@ def test_group_permutation_invariance(perm, seed):
   perm = np.array(perm)
   full = np.concatenate([perm, 6 + np.arange(6)])
   for fn in (L.grpo_advantages, L.dr_grpo_advantages, L.rloo_advantages):
-    np.testing.assert_allclose(fn(r[full], group_size=6), np.asarray(fn(r, group_size=6))[full],
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fn(r[full], group_size=6), np.asarray(fn(r, group_size=6))[full], rtol=1e-6, atol=1e-6)
 
 
 def test_grpo_masked_equals_removed():
@@ -113,8 +113,7 @@ def test_gae_padding_and_batch_of_one():
   np.testing.assert_array_equal(np.asarray(adv_p)[:, :5], adv)
   # each row alone (a batch of one) == its row in the batch
   for b in range(2):
-    np.testing.assert_allclose(L.gae_advantages(r[b:b + 1], v[b:b + 1], m[b:b + 1])[0], adv[b:b + 1],
-                               rtol=1e-7)
+    np.testing.assert_allclose(L.gae_advantages(r[b : b + 1], v[b : b + 1], m[b : b + 1])[0], adv[b : b + 1], rtol=1e-7)
 
 
 def test_normalize_advantages():

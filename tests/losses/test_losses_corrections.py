@@ -4,9 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lrl_jax.losses
+
 from . import losses_np_ref as ref
 from .losses_testutil import jitted
 
@@ -123,8 +125,10 @@ def test_mis_edge_cases():
 QUAD = {"PA&LP": (+1.0, 1 / 1.5), "PA&HP": (+1.0, 1.5), "NA&HP": (-1.0, 1.5), "NA&LP": (-1.0, 1 / 1.5)}
 # The paper's table (Fan et al. 2026, Sec. 4 / AGPA): Y > X enhances PA&LP and NA&HP and
 # suppresses PA&HP and NA&LP; Y < X reverses all four.
-TABLE = {"Y>X": {"PA&LP": "enhance", "NA&HP": "enhance", "PA&HP": "suppress", "NA&LP": "suppress"},
-         "Y<X": {"PA&LP": "suppress", "NA&HP": "suppress", "PA&HP": "enhance", "NA&LP": "enhance"}}
+TABLE = {
+  "Y>X": {"PA&LP": "enhance", "NA&HP": "enhance", "PA&HP": "suppress", "NA&LP": "suppress"},
+  "Y<X": {"PA&LP": "suppress", "NA&HP": "suppress", "PA&HP": "enhance", "NA&LP": "enhance"},
+}
 
 
 def quadrant_batch():
@@ -223,10 +227,8 @@ def test_effective_sample_size():
   lw = np.log([1.0, 2.0, 3.0, 4.0])
   np.testing.assert_allclose(L.effective_sample_size(lw, np.ones(4, bool)), ref.ess([1, 2, 3, 4]), rtol=1e-6)
   # huge log-weights: computed in log space
-  np.testing.assert_allclose(L.effective_sample_size(lw + 500.0, np.ones(4, bool)), ref.ess([1, 2, 3, 4]),
-                             rtol=1e-6)
-  np.testing.assert_allclose(L.effective_sample_size(np.array([np.inf, 0.0, 0.0, np.inf]), np.ones(4, bool)),
-                             0.5)
+  np.testing.assert_allclose(L.effective_sample_size(lw + 500.0, np.ones(4, bool)), ref.ess([1, 2, 3, 4]), rtol=1e-6)
+  np.testing.assert_allclose(L.effective_sample_size(np.array([np.inf, 0.0, 0.0, np.inf]), np.ones(4, bool)), 0.5)
   assert float(L.effective_sample_size(np.zeros(3), np.zeros(3, bool))) == 0.0
 
 
@@ -236,12 +238,12 @@ def _acrl_with_x(pi, mu, adv, m):
 
 
 CORRECTIONS = {
-    "tis_token": lambda pi, mu, a, m: L.tis_weights(pi, mu, m, batch_normalize=True),
-    "tis_sequence": lambda pi, mu, a, m: L.tis_weights(pi, mu, m, level="sequence", batch_normalize=True),
-    "mis_sequence": lambda pi, mu, a, m: L.mis_weights(pi, mu, m, keep_ratio=True),
-    "mis_token": lambda pi, mu, a, m: L.mis_weights(pi, mu, m, level="token", lo=0.8, hi=1.25),
-    "acrl": lambda pi, mu, a, m: _acrl_with_x(pi, mu, a, m),
-    "mismatch_metrics": lambda pi, mu, a, m: (m.astype(np.float32), L.mismatch_metrics(pi, mu, m)),
+  "tis_token": lambda pi, mu, a, m: L.tis_weights(pi, mu, m, batch_normalize=True),
+  "tis_sequence": lambda pi, mu, a, m: L.tis_weights(pi, mu, m, level="sequence", batch_normalize=True),
+  "mis_sequence": lambda pi, mu, a, m: L.mis_weights(pi, mu, m, keep_ratio=True),
+  "mis_token": lambda pi, mu, a, m: L.mis_weights(pi, mu, m, level="token", lo=0.8, hi=1.25),
+  "acrl": lambda pi, mu, a, m: _acrl_with_x(pi, mu, a, m),
+  "mismatch_metrics": lambda pi, mu, a, m: (m.astype(np.float32), L.mismatch_metrics(pi, mu, m)),
 }
 
 
@@ -264,8 +266,11 @@ def test_corrections_padding_and_batch_of_one(name):
 def test_sequence_weights_batch_of_one():
   """Per-sequence TIS / MIS weights of a row alone (a batch of one) == its row in the batch."""
   pi, mu, m = batch(62, spread=0.3)
-  for fn in (lambda *a: L.tis_weights(*a, level="sequence")[0], lambda *a: L.mis_weights(*a, keep_ratio=True)[0],
-             lambda *a: L.tis_weights(*a)[0]):
+  for fn in (
+    lambda *a: L.tis_weights(*a, level="sequence")[0],
+    lambda *a: L.mis_weights(*a, keep_ratio=True)[0],
+    lambda *a: L.tis_weights(*a)[0],
+  ):
     w = np.asarray(fn(pi, mu, m))
     for b in range(pi.shape[0]):
-      np.testing.assert_allclose(fn(pi[b:b + 1], mu[b:b + 1], m[b:b + 1]), w[b:b + 1], rtol=1e-6)
+      np.testing.assert_allclose(fn(pi[b : b + 1], mu[b : b + 1], m[b : b + 1]), w[b : b + 1], rtol=1e-6)

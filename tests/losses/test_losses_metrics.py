@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import lrl_jax.losses
+
 from . import losses_np_ref as ref
 from .losses_testutil import jitted
 

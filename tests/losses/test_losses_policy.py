@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lrl_jax.losses
+
 from . import losses_np_ref as ref
 from .losses_testutil import jitted
 
@@ -46,22 +48,28 @@ def test_ppo_hand_computed():
   np.testing.assert_allclose(fm["ratio_max"], 1.5, rtol=1e-6)
   np.testing.assert_allclose(fm["ratio_mean"], 1.0, rtol=1e-6)
   # dual clip c = 3: r = 4, A = −1 -> min(−4, −1.28) = −4 -> max(−4, −3) = −3 -> ℓ = 3, grad 0
-  loss, met = L.ppo_loss(np.log([[4.0]]), np.zeros((1, 1)), np.array([-1.0]), np.ones((1, 1)),
-                         dual_clip_c=3.0)
+  loss, met = L.ppo_loss(np.log([[4.0]]), np.zeros((1, 1)), np.array([-1.0]), np.ones((1, 1)), dual_clip_c=3.0)
   np.testing.assert_allclose(loss, 3.0, rtol=1e-6)
   assert float(met["dual_clip_frac"].value) == 1.0
 
 
-@pytest.mark.parametrize("agg,dual_c,weighted", [("token-mean", None, False), ("seq-mean-token-mean", 3.0, True),
-                                                  ("seq-mean-token-sum", 3.0, False),
-                                                  ("seq-mean-token-sum-norm", None, True)])
+@pytest.mark.parametrize(
+  "agg,dual_c,weighted",
+  [
+    ("token-mean", None, False),
+    ("seq-mean-token-mean", 3.0, True),
+    ("seq-mean-token-sum", 3.0, False),
+    ("seq-mean-token-sum-norm", None, True),
+  ],
+)
 def test_ppo_vs_reference(agg, dual_c, weighted):
   logp, old, adv, m = batch(10, spread=0.5)
   w = np.random.default_rng(11).uniform(0.0, 2.0, size=logp.shape) if weighted else None
   kw = dict(clip_eps_low=0.2, clip_eps_high=0.28, dual_clip_c=dual_c, agg=agg, norm_len=12)
   loss, _ = L.ppo_loss(logp, old, adv, m, token_weights=w, **kw)
-  want, want_grad = ref.ppo_loss(logp, old, adv, m, eps_low=0.2, eps_high=0.28, dual_c=dual_c, agg=agg,
-                                 norm_len=12, weights=w)
+  want, want_grad = ref.ppo_loss(
+    logp, old, adv, m, eps_low=0.2, eps_high=0.28, dual_c=dual_c, agg=agg, norm_len=12, weights=w
+  )
   np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-7)
   grad_fn = jax.jit(jax.grad(lambda lp: L.ppo_loss(lp, old, adv, m, token_weights=w, **kw)[0]))
   g = grad_fn(jnp.asarray(logp, jnp.float32))
@@ -89,12 +97,12 @@ def test_ppo_regularizers():
   logp, old, adv, m = batch(12)
   ref_logp = old + 0.2
   ent = np.abs(np.random.default_rng(13).normal(size=logp.shape))
-  loss, met = L.ppo_loss(logp, old, adv, m, ref_logp=ref_logp, kl_coef=0.1, entropy=ent, entropy_coef=0.01,
-                         agg="seq-mean-token-mean")
+  loss, met = L.ppo_loss(
+    logp, old, adv, m, ref_logp=ref_logp, kl_coef=0.1, entropy=ent, entropy_coef=0.01, agg="seq-mean-token-mean"
+  )
   pg, _ = ref.ppo_loss(logp, old, adv, m, agg="seq-mean-token-mean")
   kl = ref.kl(logp, ref_logp, m, "k3")
-  want = pg + 0.1 * ref.aggregate(kl, m, "seq-mean-token-mean") - 0.01 * ref.aggregate(ent, m,
-                                                                                      "seq-mean-token-mean")
+  want = pg + 0.1 * ref.aggregate(kl, m, "seq-mean-token-mean") - 0.01 * ref.aggregate(ent, m, "seq-mean-token-mean")
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   np.testing.assert_allclose(met["kl_ref"].value, kl[m].mean(), rtol=1e-5)
   np.testing.assert_allclose(met["entropy"].value, ent[m].mean(), rtol=1e-5)
@@ -107,12 +115,13 @@ def test_ppo_denom_sums_micro_batches():
   logp, old, adv, m = batch(14)
   full, _ = L.ppo_loss(logp, old, adv, m)
   n = m.sum()
-  parts = [L.ppo_loss(logp[i:i + 2], old[i:i + 2], adv[i:i + 2], m[i:i + 2], denom=n)[0] for i in (0, 2)]
+  parts = [L.ppo_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], m[i : i + 2], denom=n)[0] for i in (0, 2)]
   np.testing.assert_allclose(sum(parts), full, rtol=1e-6)
-  mets = [L.ppo_loss(logp[i:i + 2], old[i:i + 2], adv[i:i + 2], m[i:i + 2])[1] for i in (0, 2)]
+  mets = [L.ppo_loss(logp[i : i + 2], old[i : i + 2], adv[i : i + 2], m[i : i + 2])[1] for i in (0, 2)]
   merged = L.finalize_metrics(L.merge_metrics(mets))
-  np.testing.assert_allclose(merged["ratio_mean"], L.finalize_metrics(L.ppo_loss(logp, old, adv, m)[1])["ratio_mean"],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    merged["ratio_mean"], L.finalize_metrics(L.ppo_loss(logp, old, adv, m)[1])["ratio_mean"], rtol=1e-6
+  )
 
 
 @pytest.mark.parametrize("agg", L.AGG_MODES)
@@ -166,7 +175,8 @@ def test_gspo_vs_reference_value_and_gradient():
   np.testing.assert_allclose(loss, ref.gspo_loss(logp, old, adv_seq, m, **eps), rtol=1e-5)
   # gradient of the GSPO-token form == numerical gradient of the paper's sequence-level objective
   g = jax.jit(jax.grad(lambda lp: L.gspo_loss(lp, old, adv_seq, m, clip_eps_low=0.05, clip_eps_high=0.08)[0]))(
-      jnp.asarray(logp, jnp.float32))
+    jnp.asarray(logp, jnp.float32)
+  )
   num = np.zeros_like(logp)
   h = 1e-6
   for i, j in zip(*np.nonzero(m)):
@@ -220,11 +230,11 @@ def test_entropy_from_logits():
   m = np.array([[1, 1, 0], [0, 1, 1]], bool)
   np.testing.assert_allclose(L.entropy_from_logits(z, m), ref.entropy(z, m), rtol=1e-5, atol=1e-6)
   # uniform logits: ln V; one-hot-like (−inf elsewhere): 0; bf16 logits upcast
-  np.testing.assert_allclose(L.entropy_from_logits(np.zeros((1, 1, 8)), np.ones((1, 1))), [[math.log(8)]],
-                             rtol=1e-6)
+  np.testing.assert_allclose(L.entropy_from_logits(np.zeros((1, 1, 8)), np.ones((1, 1))), [[math.log(8)]], rtol=1e-6)
   zi = np.full((1, 1, 4), -np.inf)
   zi[..., 2] = 0.0
   assert float(L.entropy_from_logits(zi, np.ones((1, 1)))[0, 0]) == 0.0
   zb = jnp.asarray(z, jnp.bfloat16)
-  np.testing.assert_allclose(L.entropy_from_logits(zb, m), ref.entropy(np.asarray(zb, np.float64), m),
-                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    L.entropy_from_logits(zb, m), ref.entropy(np.asarray(zb, np.float64), m), rtol=1e-5, atol=1e-6
+  )

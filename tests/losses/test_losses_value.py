@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import lrl_jax.losses
+
 from . import losses_np_ref as ref
 from .losses_testutil import jitted
 
@@ -73,7 +74,8 @@ def test_value_loss_vs_reference(alpha, taus):
     pin[i, j] = np.mean([pinball_ref(r[i, j] - v3[i, j, q], taus[q]) for q in range(k)])
     mse[i, j] = (r[i, j] - np.mean(v3[i, j])) ** 2
   want = alpha * ref.aggregate(pin, m, "seq-mean-token-mean") + (1 - alpha) * ref.aggregate(
-      mse, m, "seq-mean-token-mean")
+    mse, m, "seq-mean-token-mean"
+  )
   np.testing.assert_allclose(loss, want, rtol=1e-5)
   np.testing.assert_allclose(met["vf_mse"].value, mse[m].mean(), rtol=1e-5)
   np.testing.assert_allclose(met["vf_quantile"].value, pin[m].mean(), rtol=1e-5)
@@ -111,6 +113,7 @@ def test_smooth_advantages():
   # padding / batch of one
   ap = np.pad(a, ((0, 0), (0, 2)), constant_values=np.nan)
   mp = np.pad(m, ((0, 0), (0, 2)))
-  np.testing.assert_array_equal(np.asarray(L.smooth_advantages(ap, mp, beta=0.7))[:, :9],
-                                L.smooth_advantages(a, m, beta=0.7))
+  np.testing.assert_array_equal(
+    np.asarray(L.smooth_advantages(ap, mp, beta=0.7))[:, :9], L.smooth_advantages(a, m, beta=0.7)
+  )
   np.testing.assert_array_equal(L.smooth_advantages(a[1:2], m[1:2]), np.asarray(L.smooth_advantages(a, m))[1:2])

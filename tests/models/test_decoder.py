@@ -1,7 +1,6 @@
 """The decoder against an independent float64 NumPy implementation, the KV cache against the full
 forward, QAT and QArray kernels against fake-quantized / dequantized float weights."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +18,19 @@ fwd = jax.jit(models.forward, static_argnames=("cfg", "remat"))
 
 
 def tiny_cfg(arch, **kw):
-  base = dict(arch=arch, vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-              num_kv_heads=2, head_dim=16, rope_theta=500.0, rms_norm_eps=1e-5,
-              tie_word_embeddings=arch == "qwen2")
+  base = dict(
+    arch=arch,
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=500.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=arch == "qwen2",
+  )
   base.update(kw)
   return ModelConfig(**base)
 
@@ -144,7 +153,7 @@ def test_kv_cache_decode_equals_full_forward(arch):
   logits, cache = step(params, tokens[:, :P], valid[:, :P], cache, 0)  # prefill
   outs = [logits]
   for t in range(P, T):  # one token at a time
-    logits, cache = step(params, tokens[:, t:t + 1], valid[:, t:t + 1], cache, t)
+    logits, cache = step(params, tokens[:, t : t + 1], valid[:, t : t + 1], cache, t)
     outs.append(logits)
   dec = np.concatenate(outs, axis=1)
   np.testing.assert_allclose(dec[valid], np.asarray(full)[valid], rtol=0, atol=1e-5)
@@ -172,8 +181,9 @@ def test_fp8_kv_cache_holds_e4m3_per_token_head_codes():
   assert np.abs(got_logits - ref_logits).max() < 0.1 * np.abs(ref_logits).max()
 
 
-@pytest.mark.parametrize("spec", [quant.Int4(group_size=32), quant.NVFP4(), quant.FP8(), quant.MXFP8()],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize(
+  "spec", [quant.Int4(group_size=32), quant.NVFP4(), quant.FP8(), quant.MXFP8()], ids=lambda s: s.name
+)
 def test_qat_forward_equals_fake_quantized_params(spec):
   cfg = tiny_cfg("qwen2")
   params = random_params(cfg, seed=7)
@@ -190,8 +200,12 @@ def test_qat_forward_equals_fake_quantized_params(spec):
     np.testing.assert_array_equal(qat, served)
     np.testing.assert_allclose(qat, fq, rtol=0, atol=1e-5 * np.abs(np.asarray(fq)).max())
     # QAT fading in (learner.qat_warmup_steps): fully faded in it is the served dot again; at 0 the plain one.
-    np.testing.assert_array_equal(fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, qat_alpha=1.0))[0], qat)
-    np.testing.assert_array_equal(fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, qat_alpha=0.0))[0], plain)
+    np.testing.assert_array_equal(
+      fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, qat_alpha=1.0))[0], qat
+    )
+    np.testing.assert_array_equal(
+      fwd(params, tokens, cfg, numerics=models.Numerics(qat_rules=rules, qat_alpha=0.0))[0], plain
+    )
   else:
     np.testing.assert_array_equal(qat, fq)  # same weights, same dots: bit for bit
 
@@ -211,14 +225,20 @@ def test_qat_gradient_is_straight_through():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("spec", [quant.Int4(group_size=32), quant.NVFP4(), quant.FP8(), quant.MXFP8()],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize(
+  "spec", [quant.Int4(group_size=32), quant.NVFP4(), quant.FP8(), quant.MXFP8()], ids=lambda s: s.name
+)
 def test_qarray_forward_equals_dequantized_float_forward(spec):
   cfg = tiny_cfg("qwen3")
   params = random_params(cfg, seed=11)
   served = jax.jit(quant.quantize_params, static_argnums=1)(params, quant.QuantRules.default(spec))
-  assert sum(isinstance(x, quant.QArray) for x in jax.tree_util.tree_leaves(
-      served, is_leaf=lambda x: isinstance(x, quant.QArray))) == 7
+  assert (
+    sum(
+      isinstance(x, quant.QArray)
+      for x in jax.tree_util.tree_leaves(served, is_leaf=lambda x: isinstance(x, quant.QArray))
+    )
+    == 7
+  )
   tokens = np.random.default_rng(12).integers(0, cfg.vocab_size, (2, 6))
   got, _ = fwd(served, tokens, cfg)
   want, _ = fwd(jax.jit(quant.dequantize_params)(served), tokens, cfg)
@@ -268,8 +288,10 @@ def test_param_table_rules_and_logical_axes():
     sel = quant.QuantRules.default(quant.Int4(group_size=32)).selected(params)
     assert sorted(sel) == sorted(p for p in shapes if p.endswith("_proj/kernel"))
     axes = models.param_logical_axes(cfg)
-    flat = {quant.path_str(kp): v for kp, v in jax.tree_util.tree_leaves_with_path(
-        axes, is_leaf=lambda x: isinstance(x, tuple))}
+    flat = {
+      quant.path_str(kp): v
+      for kp, v in jax.tree_util.tree_leaves_with_path(axes, is_leaf=lambda x: isinstance(x, tuple))
+    }
     assert {p: len(v) for p, v in flat.items()} == {p: len(s) for p, s in shapes.items()}
     assert flat["layers/attn/q_proj/kernel"] == ("layers", "embed", "heads")
     assert flat["layers/mlp/down_proj/kernel"] == ("layers", "mlp", "embed")
@@ -295,16 +317,29 @@ def test_config_validation_and_hf_mapping():
   with pytest.raises(ValueError, match="arch"):
     ModelConfig(arch="gpt2", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=2)
   with pytest.raises(ValueError, match="num_kv_heads"):
-    ModelConfig(arch="llama", vocab_size=8, hidden_size=12, intermediate_size=8, num_layers=1, num_heads=3,
-                num_kv_heads=2)
-  hf4 = dict(model_type="qwen2", vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=3,
-             num_attention_heads=4, num_key_value_heads=2, rope_theta=1e6, torch_dtype="bfloat16",
-             rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=4096)
+    ModelConfig(
+      arch="llama", vocab_size=8, hidden_size=12, intermediate_size=8, num_layers=1, num_heads=3, num_kv_heads=2
+    )
+  hf4 = dict(
+    model_type="qwen2",
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rope_theta=1e6,
+    torch_dtype="bfloat16",
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    max_position_embeddings=4096,
+  )
   c4 = ModelConfig.from_hf(hf4)
   assert (c4.head_dim, c4.rope_theta, c4.dtype, c4.attention_bias, c4.qk_norm) == (8, 1e6, "bfloat16", True, False)
   hf5 = {k: v for k, v in hf4.items() if k not in ("rope_theta", "torch_dtype")}
-  hf5.update(model_type="qwen3", head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 2e5},
-             dtype="float32")
+  hf5.update(
+    model_type="qwen3", head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 2e5}, dtype="float32"
+  )
   c5 = ModelConfig.from_hf(hf5)
   assert (c5.head_dim, c5.rope_theta, c5.dtype, c5.attention_bias, c5.qk_norm) == (16, 2e5, "float32", False, True)
   assert ModelConfig.from_hf(c5.to_hf()) == c5

@@ -13,15 +13,31 @@ from safetensors.numpy import load_file, save_file
 from lrl_jax import quant
 from lrl_jax.models import ModelConfig, decoder, hf
 from lrl_jax.models import _checkpoint as ckpt
-from lrl_jax.quant import Int4, NVFP4, QArray, QuantRules
+from lrl_jax.quant import NVFP4, Int4, QArray, QuantRules
 
-PROJ = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "o_proj": "attn",
-        "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+PROJ = {
+  "q_proj": "attn",
+  "k_proj": "attn",
+  "v_proj": "attn",
+  "o_proj": "attn",
+  "gate_proj": "mlp",
+  "up_proj": "mlp",
+  "down_proj": "mlp",
+}
 
 
 def cfg_for(arch="llama", tied=True):
-  return ModelConfig(arch=arch, vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-                     num_kv_heads=2, head_dim=16, tie_word_embeddings=tied)
+  return ModelConfig(
+    arch=arch,
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    tie_word_embeddings=tied,
+  )
 
 
 def rand_params(cfg, seed=0):
@@ -30,7 +46,8 @@ def rand_params(cfg, seed=0):
   rng = np.random.default_rng(seed)
   # Different magnitudes per leaf, so the per-matrix NVFP4 scales differ between q, k and v.
   return jax.tree_util.tree_unflatten(
-      tdef, [jnp.asarray(rng.standard_normal(l.shape, np.float32) * (1 + j)) for j, l in enumerate(leaves)])
+    tdef, [jnp.asarray(rng.standard_normal(l.shape, np.float32) * (1 + j)) for j, l in enumerate(leaves)]
+  )
 
 
 # quant.quantize under jit (one compile per shape instead of one per primitive);
@@ -84,16 +101,24 @@ def test_int4_schema_layout_and_roundtrip(tmp_path):
   (group,) = qc["config_groups"].values()
   assert group["targets"] == ["Linear"] and group["input_activations"] is None
   w = group["weights"]
-  assert (w["num_bits"], w["type"], w["symmetric"], w["strategy"], w["group_size"], w["dynamic"]) == \
-      (4, "int", True, "group", 32, False)
+  assert (w["num_bits"], w["type"], w["symmetric"], w["strategy"], w["group_size"], w["dynamic"]) == (
+    4,
+    "int",
+    True,
+    "group",
+    32,
+    False,
+  )
   assert qc["ignore"] == ["lm_head"]
   assert conf["model_type"] == "qwen2" and conf["dtype"] == "bfloat16"
 
   t = read_all(d)
   # Dense tensors: bf16 copies.
   assert t["model.embed_tokens.weight"].dtype == ml_dtypes.bfloat16
-  np.testing.assert_array_equal(t["model.layers.1.self_attn.q_proj.bias"],
-                                np.asarray(params["layers"]["attn"]["q_proj"]["bias"][1]).astype(ml_dtypes.bfloat16))
+  np.testing.assert_array_equal(
+    t["model.layers.1.self_attn.q_proj.bias"],
+    np.asarray(params["layers"]["attn"]["q_proj"]["bias"][1]).astype(ml_dtypes.bfloat16),
+  )
   assert "model.layers.0.self_attn.q_proj.weight" not in t
 
   # Byte layout, by hand from the description: W = kernel.T [N, K]; s = bf16(max(amax_g / 7, 1e-5));
@@ -120,10 +145,12 @@ def test_int4_schema_layout_and_roundtrip(tmp_path):
   assert cfg2 == cfg.replace(dtype="bfloat16")
   for name in PROJ:
     _same(served["layers"][PROJ[name]][name]["kernel"], quantize(kernel(params, name), spec, axis=-2))
-  np.testing.assert_array_equal(served["lm_head"]["kernel"],
-                                np.asarray(params["lm_head"]["kernel"]).astype(ml_dtypes.bfloat16))
+  np.testing.assert_array_equal(
+    served["lm_head"]["kernel"], np.asarray(params["lm_head"]["kernel"]).astype(ml_dtypes.bfloat16)
+  )
   # The whole served tree is the sampler's: serve_params (bf16 cast, then quant.quantize_params).
   from lrl_jax.sampler import serve_params
+
   ref = serve_params(params, spec, dtype=jnp.bfloat16)
   assert jax.tree_util.tree_structure(served) == jax.tree_util.tree_structure(ref)
   for a, b in zip(jax.tree_util.tree_leaves(served), jax.tree_util.tree_leaves(ref)):
@@ -175,8 +202,13 @@ def test_nvfp4_schema_layout_and_roundtrip(tmp_path, fuse):
   assert qc["format"] == "nvfp4-pack-quantized"
   (group,) = qc["config_groups"].values()
   w = group["weights"]
-  assert (w["num_bits"], w["type"], w["symmetric"], w["strategy"], w["group_size"]) == (4, "float", True,
-                                                                                         "tensor_group", 16)
+  assert (w["num_bits"], w["type"], w["symmetric"], w["strategy"], w["group_size"]) == (
+    4,
+    "float",
+    True,
+    "tensor_group",
+    16,
+  )
   assert qc["ignore"] == ["lm_head"]
   t = read_all(d)
   _, served = hf.load_compressed_tensors(d)
@@ -210,10 +242,15 @@ def test_nvfp4_schema_layout_and_roundtrip(tmp_path, fuse):
     if fuse and group:
       ws = [kernel(params, m) for m in group]
       q = quantize(jnp.concatenate(ws, -1), spec, axis=-2)
-      start = sum(kernel(params, m).shape[-1] for m in group[:group.index(name)])
+      start = sum(kernel(params, m).shape[-1] for m in group[: group.index(name)])
       n = kernel(params, name).shape[-1]
-      ref = QArray(codes=q.codes[..., start:start + n], scale=q.scale[..., start:start + n],
-                   global_scale=q.global_scale, spec=spec, axis=-2)
+      ref = QArray(
+        codes=q.codes[..., start : start + n],
+        scale=q.scale[..., start : start + n],
+        global_scale=q.global_scale,
+        spec=spec,
+        axis=-2,
+      )
     else:
       ref = quantize(kernel(params, name), spec, axis=-2)
     _same(got, ref)
@@ -235,8 +272,11 @@ def test_load_compressed_tensors_errors(tmp_path):
   bad = dict(t)
   bad["model.layers.1.mlp.up_proj.weight_packed"] = bad["model.layers.1.mlp.up_proj.weight_packed"][:, :4]
   save_file(bad, str(f))
-  with pytest.raises(ValueError, match=r"'model.layers.1.mlp.up_proj.weight_packed' in .*model\.safetensors has "
-                                       r"shape \(128, 4\), expected \(128, 8\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"'model.layers.1.mlp.up_proj.weight_packed' in .*model\.safetensors has "
+    r"shape \(128, 4\), expected \(128, 8\)",
+  ):
     hf.load_compressed_tensors(d)
   bad = dict(t)
   bad["model.layers.0.mlp.up_proj.weight_shape"] = np.array([128, 32], np.int64)
@@ -261,8 +301,11 @@ def test_load_compressed_tensors_errors(tmp_path):
     hf.load_compressed_tensors(d)
 
 
-@pytest.mark.parametrize("spec", [Int4(group_size=32, scheme="minmax"),
-                                  Int4(group_size=32, scheme="learned", learn_zero_point=True)], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+  "spec",
+  [Int4(group_size=32, scheme="minmax"), Int4(group_size=32, scheme="learned", learn_zero_point=True)],
+  ids=lambda s: s.name,
+)
 def test_int4_asymmetric_zero_points_layout_and_roundtrip(tmp_path, spec):
   """symmetric: false; weight_zero_point int32 [N/8, K/G]: signed z packed eight per word along N (code i of
   column g of word row j at bits 4i is z[8j + i, g] + 8). Export -> import keeps s and z bit for bit."""
@@ -273,14 +316,19 @@ def test_int4_asymmetric_zero_points_layout_and_roundtrip(tmp_path, spec):
     params = quant.init_learned(params, rules)
     rng = np.random.default_rng(3)
     params = jax.tree_util.tree_map_with_path(
-        lambda kp, x: x * jnp.asarray(rng.uniform(0.8, 1.2, x.shape), jnp.float32)
-        if quant.path_str(kp).endswith("_scale") else (x + 1.4 if quant.path_str(kp).endswith("_zero") else x),
-        params)
+      lambda kp, x: (
+        x * jnp.asarray(rng.uniform(0.8, 1.2, x.shape), jnp.float32)
+        if quant.path_str(kp).endswith("_scale")
+        else (x + 1.4 if quant.path_str(kp).endswith("_zero") else x)
+      ),
+      params,
+    )
   d = hf.export_compressed_tensors(tmp_path / "ct", cfg, params, spec)
   (group,) = json.loads((d / "config.json").read_text())["quantization_config"]["config_groups"].values()
   assert group["weights"]["symmetric"] is False
   t = read_all(d)
   from lrl_jax.sampler import serve_params
+
   served_ref = serve_params(params, rules, dtype=jnp.bfloat16)
   for name in ("k_proj", "down_proj"):
     q = served_ref["layers"][PROJ[name]][name]["kernel"]

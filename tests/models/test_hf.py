@@ -7,7 +7,6 @@ compared with the tree transposed by NumPy; sharded checkpoints are also built b
 """
 
 import json
-import shutil
 
 import jax
 import jax.numpy as jnp
@@ -16,14 +15,24 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from lrl_jax.models import ModelConfig, decoder
+from lrl_jax.models import ModelConfig, decoder, hf
 from lrl_jax.models import _checkpoint as ckpt
-from lrl_jax.models import hf
 
 
 def tiny_cfg(arch, *, tied=False, **kw):
-  base = dict(arch=arch, vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-              num_kv_heads=2, head_dim=8, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=tied)
+  base = dict(
+    arch=arch,
+    vocab_size=96,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=tied,
+  )
   base.update(kw)
   return ModelConfig(**base)
 
@@ -66,7 +75,9 @@ def test_save_load_roundtrip_f32(tmp_path, arch, tied):
   assert st["model.layers.1.self_attn.q_proj.weight"].shape == (cfg.q_dim, cfg.hidden_size)
   np.testing.assert_array_equal(st["model.layers.1.self_attn.q_proj.weight"], p["layers/attn/q_proj/kernel"][1].T)
   np.testing.assert_array_equal(st["model.layers.0.mlp.down_proj.weight"], p["layers/mlp/down_proj/kernel"][0].T)
-  np.testing.assert_array_equal(st["model.layers.1.post_attention_layernorm.weight"], p["layers/post_attn_norm/scale"][1])
+  np.testing.assert_array_equal(
+    st["model.layers.1.post_attention_layernorm.weight"], p["layers/post_attn_norm/scale"][1]
+  )
   np.testing.assert_array_equal(st["model.embed_tokens.weight"], p["embed/embedding"])
   assert ("lm_head.weight" in st) == (not tied)
   assert ("model.layers.0.self_attn.q_proj.bias" in st) == (arch == "qwen2")
@@ -90,7 +101,7 @@ def test_save_load_bf16_and_dtype_conversion(tmp_path):
   hf.save_hf(tmp_path / "ck", cfg, params, dtype=jnp.bfloat16)
   assert json.loads((tmp_path / "ck" / "config.json").read_text())["dtype"] == "bfloat16"
   header_len = int.from_bytes((tmp_path / "ck" / "model.safetensors").read_bytes()[:8], "little")
-  header = json.loads((tmp_path / "ck" / "model.safetensors").read_bytes()[8:8 + header_len])
+  header = json.loads((tmp_path / "ck" / "model.safetensors").read_bytes()[8 : 8 + header_len])
   assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
   cfg32, p32 = hf.load_hf(tmp_path / "ck", dtype=jnp.float32)
   cfg16, p16 = hf.load_hf(tmp_path / "ck", dtype=jnp.bfloat16)
@@ -155,8 +166,9 @@ def test_hand_built_sharded_checkpoint(tmp_path):
   halves = {"a.safetensors": names[::2], "b.safetensors": names[1::2]}
   for f, ns in halves.items():
     save_file({n: tensors[n] for n in ns}, str(d / f))
-  (d / "model.safetensors.index.json").write_text(json.dumps(
-      {"metadata": {}, "weight_map": {n: f for f, ns in halves.items() for n in ns}}))
+  (d / "model.safetensors.index.json").write_text(
+    json.dumps({"metadata": {}, "weight_map": {n: f for f, ns in halves.items() for n in ns}})
+  )
   (d / "config.json").write_text(json.dumps(cfg.to_hf()))
   _, p2 = hf.load_hf(d)
   for k, v in p.items():
@@ -244,8 +256,11 @@ def test_renamed_tensor(saved):
 def test_wrong_shape(saved):
   cfg, d = saved
   _rewrite(d, lambda t: t.__setitem__("model.layers.0.self_attn.k_proj.weight", np.zeros((cfg.q_dim, 32), np.float32)))
-  with pytest.raises(ValueError, match=r"tensor 'model.layers.0.self_attn.k_proj.weight' in .*model\.safetensors "
-                                       r"has shape \(32, 32\), expected \(16, 32\)"):
+  with pytest.raises(
+    ValueError,
+    match=r"tensor 'model.layers.0.self_attn.k_proj.weight' in .*model\.safetensors "
+    r"has shape \(32, 32\), expected \(16, 32\)",
+  ):
     hf.load_hf(d)
 
 
@@ -290,8 +305,9 @@ def test_load_tokenizer(tmp_path):
   tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
   tok.pre_tokenizer = pre_tokenizers.Whitespace()
   tok.save(str(tmp_path / "tokenizer.json"))
-  (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-      {"bos_token": "<s>", "eos_token": {"content": "</s>"}, "pad_token": "<pad>", "chat_template": "{{x}}"}))
+  (tmp_path / "tokenizer_config.json").write_text(
+    json.dumps({"bos_token": "<s>", "eos_token": {"content": "</s>"}, "pad_token": "<pad>", "chat_template": "{{x}}"})
+  )
   (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 4]}))
   t = hf.load_tokenizer(tmp_path)
   assert t.encode("hello world bye") == [3, 4, 5]
@@ -334,6 +350,7 @@ def write_tiny_gguf(path, cfg, params, *, permute=True, extra_tensor=None, drop=
   w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
   # A byte-level BPE vocabulary: the 256 byte symbols, two merges, two control tokens.
   from tokenizers.pre_tokenizers import ByteLevel
+
   alphabet = sorted(ByteLevel.alphabet())
   tokens = ["<|bos|>", "<|eos|>"] + alphabet + ["he", "hel"]
   tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
@@ -351,11 +368,17 @@ def write_tiny_gguf(path, cfg, params, *, permute=True, extra_tensor=None, drop=
   if not cfg.tie_word_embeddings:
     glob["output.weight"] = p["lm_head/kernel"].T
   tensors = dict(glob)
-  names = {"attn_norm": "layers/input_norm/scale", "ffn_norm": "layers/post_attn_norm/scale",
-           "attn_q": "layers/attn/q_proj/kernel", "attn_k": "layers/attn/k_proj/kernel",
-           "attn_v": "layers/attn/v_proj/kernel", "attn_output": "layers/attn/o_proj/kernel",
-           "ffn_gate": "layers/mlp/gate_proj/kernel", "ffn_up": "layers/mlp/up_proj/kernel",
-           "ffn_down": "layers/mlp/down_proj/kernel"}
+  names = {
+    "attn_norm": "layers/input_norm/scale",
+    "ffn_norm": "layers/post_attn_norm/scale",
+    "attn_q": "layers/attn/q_proj/kernel",
+    "attn_k": "layers/attn/k_proj/kernel",
+    "attn_v": "layers/attn/v_proj/kernel",
+    "attn_output": "layers/attn/o_proj/kernel",
+    "ffn_gate": "layers/mlp/gate_proj/kernel",
+    "ffn_up": "layers/mlp/up_proj/kernel",
+    "ffn_down": "layers/mlp/down_proj/kernel",
+  }
   if cfg.qk_norm:
     names.update({"attn_q_norm": "layers/attn/q_norm/scale", "attn_k_norm": "layers/attn/k_norm/scale"})
   for i in range(cfg.num_layers):

@@ -9,8 +9,9 @@ import pytest
 from lrl_jax import models, quant
 from lrl_jax.models import LoraConfig, ModelConfig
 
-CFG = ModelConfig(arch="qwen2", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                  num_kv_heads=2)
+CFG = ModelConfig(
+  arch="qwen2", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2
+)
 LCFG = LoraConfig(rank=4, alpha=8.0)
 TOKENS = np.random.default_rng(0).integers(0, CFG.vocab_size, (2, 6))
 fwd = jax.jit(models.forward, static_argnames=("cfg", "remat"))
@@ -23,7 +24,8 @@ def _params():
 def _with_random_b(lora, seed=2):
   keys = iter(jax.random.split(jax.random.key(seed), 64))
   return jax.tree_util.tree_map_with_path(
-      lambda kp, x: 0.1 * jax.random.normal(next(keys), x.shape) if kp[-1].key == "b" else x, lora)
+    lambda kp, x: 0.1 * jax.random.normal(next(keys), x.shape) if kp[-1].key == "b" else x, lora
+  )
 
 
 def _loss(lora, base, rules=None):
@@ -46,7 +48,10 @@ def test_adapted_forward_equals_merged_weights():
   params = _params()
   lora = _with_random_b(models.init_lora(CFG, LCFG, jax.random.key(4)))
   merged = jax.tree_util.tree_map(lambda x: x, params)
-  for group, names in (("attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+  for group, names in (
+    ("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+    ("mlp", ("gate_proj", "up_proj", "down_proj")),
+  ):
     for n in names:
       ab = lora.params["layers"][group][n]
       w = np.asarray(params["layers"][group][n]["kernel"], np.float64)
@@ -79,8 +84,9 @@ def test_gradients_flow_to_adapters_over_nvfp4_qarray_base():
 def test_lora_over_fake_quantized_base():
   params = _params()
   rules = quant.QuantRules.default(quant.Int4(group_size=32))
-  lora = _with_random_b(models.init_lora(CFG, LoraConfig(rank=2, alpha=2.0, targets=r"attn/(q|v)_proj"),
-                                         jax.random.key(6)))
+  lora = _with_random_b(
+    models.init_lora(CFG, LoraConfig(rank=2, alpha=2.0, targets=r"attn/(q|v)_proj"), jax.random.key(6))
+  )
   assert set(lora.params["layers"]["attn"]) == {"q_proj", "v_proj"}
   got, _ = fwd(params, TOKENS, CFG, lora=lora, numerics=models.Numerics(qat_rules=rules))
   fq = jax.jit(lambda p: quant.fake_quant_params(p, rules))(params)

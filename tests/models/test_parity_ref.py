@@ -5,7 +5,6 @@ gives the same weights, tokens, logits and greedy continuation as transformers r
 Run: python -m pytest -m ref tests/models -q   (add -s to see the measured differences)
 """
 
-import json
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +23,16 @@ _forward = jax.jit(decoder.forward, static_argnames=("cfg",))
 
 
 def _tiny_hf_config(arch):
-  common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=256)
+  common = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+  )
   if arch == "llama":
     return transformers.LlamaConfig(head_dim=16, rope_theta=5000.0, tie_word_embeddings=False, **common)
   if arch == "qwen2":
@@ -88,8 +95,9 @@ def test_save_hf_loads_in_transformers(tmp_path, arch):
   model.save_pretrained(tmp_path / "src", safe_serialization=True)
   cfg, params = hf.load_hf(tmp_path / "src", compute_dtype="float32")
   hf.save_hf(tmp_path / "out", cfg, params)
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32,
-                                                              attn_implementation="eager").eval()
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+    tmp_path / "out", dtype=torch.float32, attn_implementation="eager"
+  ).eval()
   for (n1, p1), (n2, p2) in zip(model.state_dict().items(), reloaded.state_dict().items()):
     assert n1 == n2
     assert torch.equal(p1, p2), n1
@@ -102,9 +110,9 @@ def test_save_hf_loads_in_transformers(tmp_path, arch):
 # --------------------------------------------------------------------------- SmolLM2 from GGUF
 
 PROMPTS = [
-    "What is 12+7? Answer:",
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+  "What is 12+7? Answer:",
+  "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+  "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
 ]
 
 
@@ -115,8 +123,9 @@ def smollm2():
   except RuntimeError as err:
     pytest.skip(f"SmolLM2 GGUF unavailable: {err}")
   cfg, params, tok = hf.load_gguf(path)
-  model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+    path.parent, gguf_file=path.name, dtype=torch.float32, attn_implementation="eager"
+  ).eval()
   ttok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
   return cfg, params, tok, model, ttok
 
@@ -124,8 +133,13 @@ def smollm2():
 @pytest.mark.slow
 def test_smollm2_gguf_matches_transformers(smollm2):
   cfg, params, tok, model, ttok = smollm2
-  assert (cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.num_kv_heads, cfg.tie_word_embeddings) == \
-      ("llama", 30, 576, 3, True)
+  assert (cfg.arch, cfg.num_layers, cfg.hidden_size, cfg.num_kv_heads, cfg.tie_word_embeddings) == (
+    "llama",
+    30,
+    576,
+    3,
+    True,
+  )
   # Weights: transformers dequantizes the same blocks; q/k rows must come back un-permuted.
   sd = model.state_dict()
   ours = ckpt.hf_tensors_from_tree(cfg, params)
@@ -142,8 +156,10 @@ def test_smollm2_gguf_matches_transformers(smollm2):
     ours, _ = _forward(params, jnp.asarray(ids, jnp.int32), cfg)
     ref = _torch_logits(model, ids)
     diff = float(np.max(np.abs(np.asarray(ours) - ref)))
-    print(f"SmolLM2 {ids.shape[1]:3d}-token prompt: max |logits - transformers| = {diff:.3g} "
-          f"(logit scale {np.abs(ref).max():.3g})")
+    print(
+      f"SmolLM2 {ids.shape[1]:3d}-token prompt: max |logits - transformers| = {diff:.3g} "
+      f"(logit scale {np.abs(ref).max():.3g})"
+    )
     assert diff < 1e-4
 
 
@@ -172,11 +188,12 @@ def test_smollm2_greedy_generation_matches_transformers(smollm2):
   toks = np.zeros((len(prompts), P), np.int32)
   valid = np.zeros((len(prompts), P), bool)
   for b, ids in enumerate(prompts):
-    toks[b, P - len(ids):] = ids
-    valid[b, P - len(ids):] = True
+    toks[b, P - len(ids) :] = ids
+    valid[b, P - len(ids) :] = True
   sc = sampler.SamplingConfig(max_new_tokens=n_new, temperature=0.0, eos_id=None)
-  ro = sampler.generate(params, jnp.asarray(toks), jnp.asarray(valid), cfg, sc, jax.random.key(0),
-                        cache_dtype=jnp.float32)
+  ro = sampler.generate(
+    params, jnp.asarray(toks), jnp.asarray(valid), cfg, sc, jax.random.key(0), cache_dtype=jnp.float32
+  )
   got = np.asarray(ro.tokens)[:, P:]
   for b in range(len(prompts)):
     print(f"\nSmolLM2 greedy: {tok.decode(got[b].tolist())!r}")
@@ -199,10 +216,13 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
 
   from lrl_jax import quant
 
-  spec = {"int4": quant.Int4(group_size=32), "int4_minmax": quant.Int4(group_size=32, scheme="minmax"),
-          "int4_lsq": quant.Int4(group_size=32, scheme="learned"),
-          "int4_lsqz": quant.Int4(group_size=32, scheme="learned", learn_zero_point=True),
-          "nvfp4": quant.NVFP4()}[spec_name]
+  spec = {
+    "int4": quant.Int4(group_size=32),
+    "int4_minmax": quant.Int4(group_size=32, scheme="minmax"),
+    "int4_lsq": quant.Int4(group_size=32, scheme="learned"),
+    "int4_lsqz": quant.Int4(group_size=32, scheme="learned", learn_zero_point=True),
+    "nvfp4": quant.NVFP4(),
+  }[spec_name]
   model = _random_model("llama", seed=4)
   model.save_pretrained(tmp_path / "src", safe_serialization=True)
   cfg, params = hf.load_hf(tmp_path / "src", compute_dtype="float32")
@@ -211,35 +231,45 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
     params = quant.init_learned(params, quant.QuantRules.default(spec))
     rng = np.random.default_rng(5)
     params = jax.tree_util.tree_map_with_path(
-        lambda kp, x: x * jnp.asarray(rng.uniform(0.8, 1.2, x.shape), jnp.float32)
-        if quant.path_str(kp).endswith("_scale") else (x + jnp.asarray(rng.integers(-2, 3, x.shape), jnp.float32)
-                                                      if quant.path_str(kp).endswith("_zero") else x), params)
+      lambda kp, x: (
+        x * jnp.asarray(rng.uniform(0.8, 1.2, x.shape), jnp.float32)
+        if quant.path_str(kp).endswith("_scale")
+        else (x + jnp.asarray(rng.integers(-2, 3, x.shape), jnp.float32) if quant.path_str(kp).endswith("_zero") else x)
+      ),
+      params,
+    )
   hf.export_compressed_tensors(tmp_path / "ct", cfg, params, spec)
   _, served = hf.load_compressed_tensors(tmp_path / "ct")
   ours = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), quant.dequantize_params(served))
   qcfg = transformers.CompressedTensorsConfig(dequantize=True)
-  ct = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32, quantization_config=qcfg,
-                                                         attn_implementation="eager").eval()
+  ct = transformers.AutoModelForCausalLM.from_pretrained(
+    tmp_path / "ct", dtype=torch.float32, quantization_config=qcfg, attn_implementation="eager"
+  ).eval()
   sd = ct.state_dict()
   worst = 0.0
   for i in range(cfg.num_layers):
-    for group, names in (("attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj"))):
+    for group, names in (
+      ("attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+      ("mlp", ("gate_proj", "up_proj", "down_proj")),
+    ):
       for n in names:
         mod = "self_attn" if group == "attn" else "mlp"
         theirs = sd[f"model.layers.{i}.{mod}.{n}.weight"].float().numpy()
         mine = ours["layers"][group][n]["kernel"][i].T.astype(ml_dtypes.bfloat16).astype(np.float32)
-        ulp = np.abs(mine) * 2.0 ** -7
+        ulp = np.abs(mine) * 2.0**-7
         worst = max(worst, float(np.max(np.abs(theirs - mine) / np.maximum(ulp, 1e-30))))
   print(f"\n{spec_name}: compressed-tensors weights vs bf16(ours): max diff {worst:.3g} bf16 ulp")
   assert worst == 0.0 if spec_name.startswith("int4") else worst <= 1.0
   if spec_name.startswith("int4"):
     # What transformers serves is what our sampler serves from the same (learned) scales.
     from lrl_jax.sampler import serve_params
+
     mine = quant.dequantize_params(serve_params(params, spec, dtype=jnp.bfloat16))  # the export quantizes the bf16 cast
     for n in ("q_proj", "down_proj"):
       g = "attn" if n == "q_proj" else "mlp"
-      np.testing.assert_array_equal(np.asarray(mine["layers"][g][n]["kernel"]),
-                                    np.asarray(ours["layers"][g][n]["kernel"]))
+      np.testing.assert_array_equal(
+        np.asarray(mine["layers"][g][n]["kernel"]), np.asarray(ours["layers"][g][n]["kernel"])
+      )
     ids = np.arange(12).reshape(1, 12) % cfg.vocab_size
     bf = jax.tree_util.tree_map(lambda x: jnp.asarray(x.astype(ml_dtypes.bfloat16).astype(np.float32)), ours)
     logits, _ = _forward(bf, jnp.asarray(ids, jnp.int32), cfg)

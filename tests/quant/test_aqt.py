@@ -9,8 +9,14 @@ import pytest
 from lrl_jax import quant
 
 DN = (((1,), (0,)), ((), ()))  # x [M, K] @ w [K, N]
-SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.FP8(),
-         quant.FP8(granularity="block", block=32), quant.MXFP8(), quant.NVFP4()]
+SPECS = [
+  quant.Int4(group_size=32),
+  quant.Int4(group_size=128),
+  quant.FP8(),
+  quant.FP8(granularity="block", block=32),
+  quant.MXFP8(),
+  quant.NVFP4(),
+]
 
 
 def _weights():
@@ -40,12 +46,14 @@ def test_forward_equals_contract(spec, dtype):
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(ref, np.float32))
 
 
-@pytest.mark.parametrize("spec", [quant.Int4(group_size=32), quant.FP8(), quant.FP8(granularity="block", block=32)],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize(
+  "spec", [quant.Int4(group_size=32), quant.FP8(), quant.FP8(granularity="block", block=32)], ids=lambda s: s.name
+)
 def test_aqt_quantizer_equals_fake_quant(spec):
   w = jnp.asarray(_weights())
-  np.testing.assert_array_equal(np.asarray(quant.aqt_fake_quant(w, spec, axis=0)),
-                                np.asarray(quant.fake_quant(w, spec, axis=0)))
+  np.testing.assert_array_equal(
+    np.asarray(quant.aqt_fake_quant(w, spec, axis=0)), np.asarray(quant.fake_quant(w, spec, axis=0))
+  )
 
 
 def test_aqt_default_int4_differs_from_contract():

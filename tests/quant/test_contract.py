@@ -8,16 +8,22 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lrl_jax import quant
 from lrl_jax.quant import packing
 from tests.quant import reference as ref
 
 SPECS = [
-    quant.Int4(group_size=32), quant.Int4(group_size=64), quant.Int4(group_size=128),
-    quant.FP8(), quant.FP8(granularity="token"), quant.FP8(granularity="block", block=32),
-    quant.MXFP8(), quant.NVFP4(),
+  quant.Int4(group_size=32),
+  quant.Int4(group_size=64),
+  quant.Int4(group_size=128),
+  quant.FP8(),
+  quant.FP8(granularity="token"),
+  quant.FP8(granularity="block", block=32),
+  quant.MXFP8(),
+  quant.NVFP4(),
 ]
 IDS = [s.name if not isinstance(s, quant.FP8) or s.granularity != "token" else "fp8_token" for s in SPECS]
 
@@ -43,13 +49,13 @@ def _inputs(rng, shape):
   """Named inputs covering the cases the contract must hold on."""
   g = rng.standard_normal(shape).astype(np.float32)
   out = {
-      "gaussian": g,
-      "heavy_tailed": rng.standard_t(1.5, shape).astype(np.float32),
-      "all_zero": np.zeros(shape, np.float32),
-      "denormal": (g * 1e-39).astype(np.float32),
-      "tiny_1e-30": (g * 1e-30).astype(np.float32),
-      "huge_1e30": (g * 1e30).astype(np.float32),
-      "near_f32_max": (np.clip(g, -1, 1) * 3e38).astype(np.float32),
+    "gaussian": g,
+    "heavy_tailed": rng.standard_t(1.5, shape).astype(np.float32),
+    "all_zero": np.zeros(shape, np.float32),
+    "denormal": (g * 1e-39).astype(np.float32),
+    "tiny_1e-30": (g * 1e-30).astype(np.float32),
+    "huge_1e30": (g * 1e30).astype(np.float32),
+    "near_f32_max": (np.clip(g, -1, 1) * 3e38).astype(np.float32),
   }
   mixed = g.copy()
   mixed[: shape[0] // 2] = 0.0  # zero groups next to non-zero ones
@@ -70,8 +76,14 @@ def test_fake_quant_equals_dequantize_quantize(spec, axis=0):  # axis 1: the hyp
       assert np.isfinite(np.asarray(d, np.float32)).all(), f"{spec.name} {name} {dtype}: finite input gave non-finite"
 
 
-HYPOTHESIS_SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=128), quant.FP8(),
-                    quant.FP8(granularity="block", block=4), quant.MXFP8(), quant.NVFP4()]
+HYPOTHESIS_SPECS = [
+  quant.Int4(group_size=32),
+  quant.Int4(group_size=128),
+  quant.FP8(),
+  quant.FP8(granularity="block", block=4),
+  quant.MXFP8(),
+  quant.NVFP4(),
+]
 
 
 @settings(max_examples=40, deadline=None)
@@ -104,7 +116,7 @@ def test_int4_matches_reference_bitwise():
   for name, x in cases.items():
     if name == "near_f32_max":
       continue  # reference's f32 amax/7 is fine, but bf16 has the range; covered by the finite test
-    for g in ((32,) if name == "ties" else (32, 128)):
+    for g in (32,) if name == "ties" else (32, 128):
       q = _quantize(jnp.asarray(x), quant.Int4(group_size=g), axis=0)
       codes_ref, s_ref, xhat_ref = ref.int4(x, g, axis=0)
       codes = np.asarray(packing.unpack_nibbles(q.codes, axis=0)).astype(np.int16) - 8
@@ -207,7 +219,7 @@ def test_nan_stays_in_its_group():
     # Within the column, only the group holding the bad element is affected.
     if isinstance(spec, (quant.Int4, quant.MXFP8, quant.NVFP4)):
       g = spec.block
-      assert np.isfinite(np.delete(d[:, 5], np.s_[(3 // g) * g:(3 // g + 1) * g])).all(), spec
+      assert np.isfinite(np.delete(d[:, 5], np.s_[(3 // g) * g : (3 // g + 1) * g])).all(), spec
 
 
 def test_stacked_equals_per_matrix():

@@ -10,10 +10,24 @@ from lrl_jax.quant import packing
 
 X = np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float32)
 # relative Frobenius error ||x - x̂|| / ||x|| on N(0, 1), measured: 0.097 0.108 0.117 0.0264 0.0264 0.0265 0.095
-REL_BOUND = {"int4_g32": 0.102, "int4_g64": 0.113, "int4_g128": 0.123, "fp8_channel": 0.028,
-             "fp8_block128": 0.028, "mxfp8": 0.028, "nvfp4": 0.10}
-SPECS = [quant.Int4(group_size=32), quant.Int4(group_size=64), quant.Int4(group_size=128), quant.FP8(),
-         quant.FP8(granularity="block"), quant.MXFP8(), quant.NVFP4()]
+REL_BOUND = {
+  "int4_g32": 0.102,
+  "int4_g64": 0.113,
+  "int4_g128": 0.123,
+  "fp8_channel": 0.028,
+  "fp8_block128": 0.028,
+  "mxfp8": 0.028,
+  "nvfp4": 0.10,
+}
+SPECS = [
+  quant.Int4(group_size=32),
+  quant.Int4(group_size=64),
+  quant.Int4(group_size=128),
+  quant.FP8(),
+  quant.FP8(granularity="block"),
+  quant.MXFP8(),
+  quant.NVFP4(),
+]
 
 
 def _groups(a, g):  # [K, N] -> [K/g, g, N]

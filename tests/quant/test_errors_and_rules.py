@@ -9,7 +9,9 @@ from jax.experimental import checkify
 from lrl_jax import quant
 
 
-@pytest.mark.parametrize("spec,shape,axis,match", [
+@pytest.mark.parametrize(
+  "spec,shape,axis,match",
+  [
     (quant.Int4(group_size=128), (96, 8), 0, r"Int4.*128.*axis 0.*\(96, 8\)"),
     (quant.NVFP4(), (8, 24), -1, r"NVFP4.*16.*axis -1.*\(8, 24\)"),
     (quant.MXFP8(), (8, 48), -1, r"MXFP8.*32.*axis -1.*\(8, 48\)"),
@@ -18,7 +20,8 @@ from lrl_jax import quant
     (quant.NVFP4(), (32, 4, 16), 0, r"NVFP4.*last two axes.*axis 0"),
     (quant.Int4(), (), -1, r"scalar"),
     (quant.Int4(group_size=32), (32, 4), 2, r"axis 2 out of range"),
-])
+  ],
+)
 def test_shape_errors_name_spec_shape_axis(spec, shape, axis, match):
   with pytest.raises(ValueError, match=match):
     jax.jit(lambda x: quant.quantize(x, spec, axis=axis)).lower(jnp.zeros(shape))  # trace time
@@ -47,24 +50,33 @@ def test_spec_validation():
 def _params():
   z = lambda *s: jnp.zeros(s)
   return {
-      "embed": {"embedding": z(16, 32)},
-      "layers": {
-          "input_norm": {"scale": z(2, 32)},
-          "attn": {"q_proj": {"kernel": z(2, 32, 32), "bias": z(2, 32)}, "o_proj": {"kernel": z(2, 32, 32)},
-                   "q_norm": {"scale": z(2, 8)}},
-          "mlp": {"gate_proj": {"kernel": z(2, 32, 64)}, "down_proj": {"kernel": z(2, 64, 32)},
-                  "router": {"kernel": z(2, 32, 4)}},
+    "embed": {"embedding": z(16, 32)},
+    "layers": {
+      "input_norm": {"scale": z(2, 32)},
+      "attn": {
+        "q_proj": {"kernel": z(2, 32, 32), "bias": z(2, 32)},
+        "o_proj": {"kernel": z(2, 32, 32)},
+        "q_norm": {"scale": z(2, 8)},
       },
-      "final_norm": {"scale": z(32)},
-      "lm_head": {"kernel": z(32, 16)},
+      "mlp": {
+        "gate_proj": {"kernel": z(2, 32, 64)},
+        "down_proj": {"kernel": z(2, 64, 32)},
+        "router": {"kernel": z(2, 32, 4)},
+      },
+    },
+    "final_norm": {"scale": z(32)},
+    "lm_head": {"kernel": z(32, 16)},
   }
 
 
 def test_default_rules_select_projections_only():
   rules = quant.QuantRules.default(quant.Int4(group_size=32))
   assert sorted(rules.selected(_params())) == [
-      "layers/attn/o_proj/kernel", "layers/attn/q_proj/kernel",
-      "layers/mlp/down_proj/kernel", "layers/mlp/gate_proj/kernel"]
+    "layers/attn/o_proj/kernel",
+    "layers/attn/q_proj/kernel",
+    "layers/mlp/down_proj/kernel",
+    "layers/mlp/gate_proj/kernel",
+  ]
 
 
 def test_quantize_params_matches_per_leaf_quantize():
@@ -73,7 +85,9 @@ def test_quantize_params_matches_per_leaf_quantize():
   served = jax.jit(lambda p: quant.quantize_params(p, quant.QuantRules.default(spec)))(params)
   q = served["layers"]["mlp"]["down_proj"]["kernel"]
   assert isinstance(q, quant.QArray) and q.shape == (2, 64, 32) and q.axis == -2
-  np.testing.assert_array_equal(q.codes, quant.quantize(params["layers"]["mlp"]["down_proj"]["kernel"], spec, axis=-2).codes)
+  np.testing.assert_array_equal(
+    q.codes, quant.quantize(params["layers"]["mlp"]["down_proj"]["kernel"], spec, axis=-2).codes
+  )
   np.testing.assert_array_equal(served["lm_head"]["kernel"], params["lm_head"]["kernel"])
   fq = jax.jit(lambda p: quant.fake_quant_params(p, quant.QuantRules.default(spec)))(params)
   deq = jax.jit(quant.dequantize_params)(served)

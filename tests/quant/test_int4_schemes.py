@@ -60,8 +60,8 @@ def w():
   rng = np.random.default_rng(0)
   x = rng.standard_normal((128, 24)).astype(F32)
   x[:G, 0] = np.abs(x[:G, 0]) + 0.5  # an all-positive group: 0 joins the range, z_u = 0
-  x[G:2 * G, 1] = -np.abs(x[G:2 * G, 1]) - 0.5  # an all-negative group: z_u = 15
-  x[2 * G:3 * G, 2] = 0.0  # an all-zero group
+  x[G : 2 * G, 1] = -np.abs(x[G : 2 * G, 1]) - 0.5  # an all-negative group: z_u = 15
+  x[2 * G : 3 * G, 2] = 0.0  # an all-zero group
   return x
 
 
@@ -75,7 +75,7 @@ def test_minmax_matches_reference_bitwise(w):
   np.testing.assert_array_equal(np.asarray(quant.dequantize(q)), w_hat)
   assert zu[0, 0] == 0 and zu[1, 1] == 15
   # 0 is exactly representable; minmax beats absmax on the error (it uses all 16 levels).
-  assert np.all(np.asarray(quant.dequantize(q))[2 * G:3 * G, 2] == 0)
+  assert np.all(np.asarray(quant.dequantize(q))[2 * G : 3 * G, 2] == 0)
   err = lambda spec: float(jnp.linalg.norm(quant.fake_quant(jnp.asarray(w), spec, axis=0) - w))
   assert err(MINMAX) < err(Int4(group_size=G))
 
@@ -171,8 +171,9 @@ def test_errors_name_the_problem(w):
   with pytest.raises(ValueError, match="mlp/up_proj/kernel.*kernel_scale"):
     quant.quantize_params(params, quant.QuantRules.default(LSQ))
   with pytest.raises(ValueError, match="mlp/up_proj/kernel: has a learned scale"):
-    quant.quantize_params(quant.init_learned(params, quant.QuantRules.default(LSQ)),
-                          quant.QuantRules.default(Int4(group_size=G)))
+    quant.quantize_params(
+      quant.init_learned(params, quant.QuantRules.default(LSQ)), quant.QuantRules.default(Int4(group_size=G))
+    )
 
 
 def test_rules_serve_the_learned_scales_never_recomputed(w):
@@ -199,8 +200,18 @@ def test_rules_serve_the_learned_scales_never_recomputed(w):
 
 # --------------------------------------------------------------------------- model, learner, sampler
 
-CFG = models.ModelConfig(arch="qwen2", vocab_size=64, hidden_size=64, intermediate_size=96, num_layers=2,
-                         num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True, dtype="float32")
+CFG = models.ModelConfig(
+  arch="qwen2",
+  vocab_size=64,
+  hidden_size=64,
+  intermediate_size=96,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=16,
+  tie_word_embeddings=True,
+  dtype="float32",
+)
 
 
 def _params(spec, seed=0):
@@ -209,9 +220,13 @@ def _params(spec, seed=0):
   # learned values moved off their init, as after training
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map_with_path(
-      lambda kp, x: x * jnp.asarray(rng.uniform(0.7, 1.3, x.shape), x.dtype)
-      if quant.path_str(kp).endswith("_scale") else (x + jnp.asarray(rng.integers(-2, 3, x.shape), x.dtype)
-                                                    if quant.path_str(kp).endswith("_zero") else x), p)
+    lambda kp, x: (
+      x * jnp.asarray(rng.uniform(0.7, 1.3, x.shape), x.dtype)
+      if quant.path_str(kp).endswith("_scale")
+      else (x + jnp.asarray(rng.integers(-2, 3, x.shape), x.dtype) if quant.path_str(kp).endswith("_zero") else x)
+    ),
+    p,
+  )
 
 
 @pytest.mark.parametrize("spec", [MINMAX, LSQZ], ids=lambda s: s.name)
@@ -263,9 +278,13 @@ def test_learner_trains_the_learned_scales_and_the_sampler_serves_them():
   s0 = np.asarray(qp["kernel_scale"]).copy()
   rng = np.random.default_rng(5)
   tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32)
-  batch = L.Rollout(tokens=tokens, loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
-                  sampler_logp=jnp.full((4, 8), -4.0), advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
-                  valid=jnp.ones((4, 8), bool))
+  batch = L.Rollout(
+    tokens=tokens,
+    loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
+    sampler_logp=jnp.full((4, 8), -4.0),
+    advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
+    valid=jnp.ones((4, 8), bool),
+  )
   for _ in range(2):
     state, m = L.train_step(state, batch, model_cfg=CFG, cfg=lcfg)
   assert float(m["skipped"]) == 0
@@ -285,16 +304,28 @@ def test_config_keys_reach_the_learner_and_the_sampler():
   from lrl_jax.config import ConfigError, load_config
   from lrl_jax.rl.setup import sync_spec
 
-  cfg = load_config(None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32",
-                           "quant.int4_scheme=learned", "quant.int4_zero_point=true", "learner.qat_start_step=5",
-                           "learner.qat_warmup_steps=10", "learner.qat_init=grid", "learner.int4_update_clip=2"])
+  cfg = load_config(
+    None,
+    [
+      "quant.learner=int4",
+      "quant.sampler=int4",
+      "quant.group_size=32",
+      "quant.int4_scheme=learned",
+      "quant.int4_zero_point=true",
+      "learner.qat_start_step=5",
+      "learner.qat_warmup_steps=10",
+      "learner.qat_init=grid",
+      "learner.int4_update_clip=2",
+    ],
+  )
   lcfg = cfg.learner
   assert lcfg.qat == LSQZ and lcfg.qat_init == "grid" and lcfg.int4_update_clip == 2.0
   assert (lcfg.qat_start_step, lcfg.qat_warmup_steps) == (5, 10)
   assert sync_spec(cfg).rules.spec_for("layers/mlp/up_proj/kernel") == LSQZ  # the sampler serves the same scheme
   # quant.targets narrows what the sampler serves and, the same, what the learner fake-quantizes.
-  narrow = load_config(None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32",
-                              r"quant.targets=(q|k)_proj/kernel$"])
+  narrow = load_config(
+    None, ["quant.learner=int4", "quant.sampler=int4", "quant.group_size=32", r"quant.targets=(q|k)_proj/kernel$"]
+  )
   for rules in (narrow.learner.qat_rules, sync_spec(narrow).rules):
     assert rules.spec_for("layers/attn/q_proj/kernel") is not None
     assert rules.spec_for("layers/mlp/up_proj/kernel") is None
@@ -311,17 +342,20 @@ def test_learner_update_clip_and_grid_init():
   binds); qat_init="grid" starts the kernels on their own grid (QAT changes nothing at step 0)."""
   spec = Int4(group_size=G)
   k = 0.5
-  lcfg = L.LearnerConfig(lr=0.5, qat=spec, compute_dtype="float32", grad_clip=None, int4_update_clip=k,
-                         qat_init="grid")
+  lcfg = L.LearnerConfig(lr=0.5, qat=spec, compute_dtype="float32", grad_clip=None, int4_update_clip=k, qat_init="grid")
   state = L.create_train_state(jax.random.key(1), CFG, lcfg)
   rules = lcfg.qat_rules
   assert max(quant.grid_residual(state.params, rules).values()) == 0.0
   w0 = jax.tree_util.tree_map(np.asarray, state.params)
   rng = np.random.default_rng(6)
   tokens = jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32)
-  batch = L.Rollout(tokens=tokens, loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
-                  sampler_logp=jnp.full((4, 8), -4.0), advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
-                  valid=jnp.ones((4, 8), bool))
+  batch = L.Rollout(
+    tokens=tokens,
+    loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
+    sampler_logp=jnp.full((4, 8), -4.0),
+    advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
+    valid=jnp.ones((4, 8), bool),
+  )
   state, m = L.train_step(state, batch, model_cfg=CFG, cfg=lcfg)
   assert float(m["skipped"]) == 0
   for name, grp in (("up_proj", "mlp"), ("q_proj", "attn")):
@@ -343,12 +377,17 @@ def test_learned_scales_restart_from_the_weights_when_qat_switches_on_late():
   lcfg = L.LearnerConfig(lr=1e-6, qat=LSQ, compute_dtype="float32", grad_clip=None, qat_start_step=1)
   state = L.create_train_state(jax.random.key(2), CFG, lcfg)
   stale = jax.tree_util.tree_map_with_path(
-      lambda kp, x: 3.0 * x if quant.path_str(kp).endswith("_scale") else x, state.params)
+    lambda kp, x: 3.0 * x if quant.path_str(kp).endswith("_scale") else x, state.params
+  )
   state = state.replace(params=stale)
   rng = np.random.default_rng(7)
-  batch = L.Rollout(tokens=jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32),
-                  loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False), sampler_logp=jnp.full((4, 8), -4.0),
-                  advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]), valid=jnp.ones((4, 8), bool))
+  batch = L.Rollout(
+    tokens=jnp.asarray(rng.integers(1, CFG.vocab_size, (4, 8)), jnp.int32),
+    loss_mask=jnp.ones((4, 8), bool).at[:, 0].set(False),
+    sampler_logp=jnp.full((4, 8), -4.0),
+    advantages=jnp.asarray([1.0, -1.0, 0.5, -0.5]),
+    valid=jnp.ones((4, 8), bool),
+  )
   key = ("layers", "attn", "o_proj")
   get = lambda p, leaf: np.asarray(p[key[0]][key[1]][key[2]][leaf])
   s_stale = get(stale, "kernel_scale").copy()
@@ -368,8 +407,11 @@ def test_learned_scales_are_checkpointed(tmp_path):
   lcfg = L.LearnerConfig(lr=1e-2, qat=LSQZ, compute_dtype="float32", grad_clip=None)
   state = L.create_train_state(jax.random.key(3), CFG, lcfg)
   moved = jax.tree_util.tree_map_with_path(
-      lambda kp, x: x * 1.25 if quant.path_str(kp).endswith("_scale") else
-      (x - 1.0 if quant.path_str(kp).endswith("_zero") else x), state.params)
+    lambda kp, x: (
+      x * 1.25 if quant.path_str(kp).endswith("_scale") else (x - 1.0 if quant.path_str(kp).endswith("_zero") else x)
+    ),
+    state.params,
+  )
   state = state.replace(params=moved)
   want = jax.tree_util.tree_map(np.asarray, moved)
   ck = L.Checkpointer(tmp_path / "ckpt", save_every=1)

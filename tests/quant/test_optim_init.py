@@ -5,13 +5,12 @@ s = bf16(max(amax/7, 1e-5)) in float32 IEEE arithmetic through ml_dtypes, the cl
 log-sum-exp in float64.
 """
 
+import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import optax
 import pytest
-
-import jax
-import jax.numpy as jnp
 
 from lrl_jax import quant
 from lrl_jax.quant.init import grid_residual, int4_aware_init, next_token_kl, policy_jolt
@@ -44,14 +43,16 @@ def _tree(key, L=2, D=64, F=128, V=24, group_scales=True):
     q = (q.reshape(L, D // G, G, D) * mag).reshape(L, D, D)
     q = q.at[0, :G, 0].set(0.0).at[1, :G, 1].set(3e-6)
   return {
-      "embed": {"embedding": jax.random.normal(ks[2], (V, D)) * 0.02},
-      "layers": {
-          "attn": {"q_proj": {"kernel": q, "bias": jnp.zeros((L, D))}},
-          "mlp": {"up_proj": {"kernel": jax.random.normal(ks[3], (L, D, F)) * 0.02},
-                  "down_proj": {"kernel": jax.random.normal(ks[4], (L, F, D)) * 0.02}},
-          "input_norm": {"scale": jnp.ones((L, D))},
+    "embed": {"embedding": jax.random.normal(ks[2], (V, D)) * 0.02},
+    "layers": {
+      "attn": {"q_proj": {"kernel": q, "bias": jnp.zeros((L, D))}},
+      "mlp": {
+        "up_proj": {"kernel": jax.random.normal(ks[3], (L, D, F)) * 0.02},
+        "down_proj": {"kernel": jax.random.normal(ks[4], (L, F, D)) * 0.02},
       },
-      "lm_head": {"kernel": jax.random.normal(ks[5], (D, V)) * 0.02},
+      "input_norm": {"scale": jnp.ones((L, D))},
+    },
+    "lm_head": {"kernel": jax.random.normal(ks[5], (D, V)) * 0.02},
   }
 
 
@@ -106,8 +107,14 @@ def test_update_clip_with_learned_scale_sibling():
   s = jnp.abs(jax.random.normal(jax.random.PRNGKey(4), (64 // G, 16))) * 0.01 + 1e-3
   s = s.at[0, 0].multiply(-1.0)  # a learned scale driven negative: the forward floors it at 1e-5
   params = {"mlp": {"gate_proj": {"kernel": w, "kernel_scale": s}}}
-  u = {"mlp": {"gate_proj": {"kernel": jax.random.normal(jax.random.PRNGKey(5), w.shape) * 0.01,
-                             "kernel_scale": jnp.full_like(s, 7.0)}}}
+  u = {
+    "mlp": {
+      "gate_proj": {
+        "kernel": jax.random.normal(jax.random.PRNGKey(5), w.shape) * 0.01,
+        "kernel_scale": jnp.full_like(s, 7.0),
+      }
+    }
+  }
   out, _ = int4_update_clip(rules, k=1.0).update(u, optax.EmptyState(), params)
   s_eff = np.maximum(np.asarray(s), F32(1e-5)).astype(ml_dtypes.bfloat16).astype(F32)
   ref = _np_clip(np.asarray(u["mlp"]["gate_proj"]["kernel"]), s_eff, 1.0, G).astype(F32)
@@ -178,8 +185,12 @@ def test_absmax_fake_quant_is_idempotent_claim():
   assert normal.sum() > 200 and (~normal).sum() >= 2  # both regimes are exercised
 
 
-SCHEMES = {"absmax": dict(), "minmax": dict(scheme="minmax"), "learned": dict(scheme="learned"),
-           "learned_zp": dict(scheme="learned", learn_zero_point=True)}
+SCHEMES = {
+  "absmax": dict(),
+  "minmax": dict(scheme="minmax"),
+  "learned": dict(scheme="learned"),
+  "learned_zp": dict(scheme="learned", learn_zero_point=True),
+}
 
 
 @pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
@@ -210,9 +221,9 @@ def test_int4_aware_init_reaches_a_fixed_point(scheme, dtype):
     q0 = quant.quantize(jnp.asarray(fp[path]).astype(dtype or jnp.float32), spec, axis=-2, scale=sc, zero_point=zp)
     s = np.repeat(np.asarray(q0.scale, np.float64), G, axis=-2)
     if dtype is None:
-      k = 0.5 * (1 + 2 ** -20) if scheme in ("absmax", "learned") else 0.5 + 15 * 2 ** -8
+      k = 0.5 * (1 + 2**-20) if scheme in ("absmax", "learned") else 0.5 + 15 * 2**-8
     else:
-      k = 0.5 + 2 ** -2
+      k = 0.5 + 2**-2
     assert np.all(np.abs(fo[path].astype(np.float64) - fp[path]) <= k * s), path
   assert all(v == 0.0 for v in grid_residual(out, rules, dtype=dtype).values())
   assert all(v > 0.0 for v in grid_residual(params, rules, dtype=dtype).values())
@@ -227,7 +238,9 @@ def test_int4_aware_init_before_init_learned(scheme):
   params = quant.init_learned(int4_aware_init(_tree(jax.random.PRNGKey(15)), rules), rules)
   fp = _flat(params)
   for path in SELECTED:
-    q = quant.quantize(jnp.asarray(fp[path]), spec, axis=-2, scale=fp[path + "_scale"], zero_point=fp.get(path + "_zero"))
+    q = quant.quantize(
+      jnp.asarray(fp[path]), spec, axis=-2, scale=fp[path + "_scale"], zero_point=fp.get(path + "_zero")
+    )
     np.testing.assert_array_equal(np.asarray(quant.dequantize(q)), fp[path], err_msg=path)
 
 
@@ -238,8 +251,9 @@ def test_minmax_fake_quant_is_not_idempotent_but_the_snap_is():
   w1 = quant.fake_quant(w, spec, axis=-2)
   assert not np.array_equal(np.asarray(quant.fake_quant(w1, spec, axis=-2)), np.asarray(w1))
   w_snap = int4_aware_init({"mlp": {"up_proj": {"kernel": w}}}, quant.QuantRules.default(spec))["mlp"]["up_proj"]
-  np.testing.assert_array_equal(np.asarray(quant.fake_quant(w_snap["kernel"], spec, axis=-2)),
-                                np.asarray(w_snap["kernel"]))
+  np.testing.assert_array_equal(
+    np.asarray(quant.fake_quant(w_snap["kernel"], spec, axis=-2)), np.asarray(w_snap["kernel"])
+  )
 
 
 # --------------------------------------------------------------------------- jolt
@@ -283,8 +297,9 @@ def test_policy_jolt_is_zero_after_int4_aware_init(scheme):
   learned s, z initialised from it, as the loop does) the QAT and float forwards agree bit for bit: KL = 0."""
   from lrl_jax import models
 
-  cfg = models.ModelConfig(arch="qwen2", vocab_size=24, hidden_size=64, intermediate_size=128, num_layers=2,
-                           num_heads=4, num_kv_heads=2)
+  cfg = models.ModelConfig(
+    arch="qwen2", vocab_size=24, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2
+  )
   rules = quant.QuantRules.default(quant.Int4(group_size=G, **SCHEMES[scheme]))
   params = models.init_params(cfg, jax.random.PRNGKey(12), std=0.2)  # large std: a jolt well above f32 noise
   tokens = jax.random.randint(jax.random.PRNGKey(13), (2, 9), 0, 24)

@@ -1,11 +1,12 @@
 """Byte layouts: nibble packing (element 2i low), compressed-tensors int32 packing, E2M1 bit patterns."""
 
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
-import hypothesis.extra.numpy as hnp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lrl_jax import quant
 from lrl_jax.quant import packing
@@ -48,8 +49,9 @@ def test_compressed_tensors_int32_layout():
 
 
 @settings(max_examples=25, deadline=None)
-@given(hnp.arrays(np.int8, st.tuples(st.integers(1, 3), st.integers(1, 4).map(lambda n: 8 * n)),
-                  elements=st.integers(-8, 7)))
+@given(
+  hnp.arrays(np.int8, st.tuples(st.integers(1, 3), st.integers(1, 4).map(lambda n: 8 * n)), elements=st.integers(-8, 7))
+)
 def test_compressed_tensors_round_trip(q):
   np.testing.assert_array_equal(packing.unpack_int4_compressed_tensors(packing.pack_int4_compressed_tensors(q)), q)
   qt = q.T.copy()

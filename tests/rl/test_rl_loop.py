@@ -14,13 +14,38 @@ from lrl_jax.rl import cli, loop, read_metrics, train
 
 QS = "configs/quickstart.yaml"
 # A few-step run: 4 prompts x G=4, short warm-up, small eval set, single-device learner.
-SMALL = ["run.sft_steps=3", "run.sft_batch=16", "run.batch_prompts=4", "task.eval_size=16", "run.eval_every=2",
-         "learner.mesh=[1,1,1]", "learner.lr=3e-4"]
+SMALL = [
+  "run.sft_steps=3",
+  "run.sft_batch=16",
+  "run.batch_prompts=4",
+  "task.eval_size=16",
+  "run.eval_every=2",
+  "learner.mesh=[1,1,1]",
+  "learner.lr=3e-4",
+]
 
-RL_KEYS = ["reward_mean", "reward_std", "accuracy", "response_len", "entropy", "clip_frac_low", "clip_frac_high",
-           "loss", "grad_norm", "mismatch/prob_abs_diff_mean", "mismatch/prob_abs_diff_max", "mismatch/kl_k1",
-           "mismatch/kl_k3", "mismatch/log_abs_diff_mean", "time/generate_s", "time/reward_s", "time/learner_s",
-           "time/sync_s", "tokens_per_s", "reward_failed"]
+RL_KEYS = [
+  "reward_mean",
+  "reward_std",
+  "accuracy",
+  "response_len",
+  "entropy",
+  "clip_frac_low",
+  "clip_frac_high",
+  "loss",
+  "grad_norm",
+  "mismatch/prob_abs_diff_mean",
+  "mismatch/prob_abs_diff_max",
+  "mismatch/kl_k1",
+  "mismatch/kl_k3",
+  "mismatch/log_abs_diff_mean",
+  "time/generate_s",
+  "time/reward_s",
+  "time/learner_s",
+  "time/sync_s",
+  "tokens_per_s",
+  "reward_failed",
+]
 
 
 # Every default test's run has 4 RL steps: the cosine schedule's length (`run.steps`) is part of the compiled
@@ -121,6 +146,7 @@ class _Broken:
 
   def score(self, completions, references, *, timeout_s=1.0):
     from lrl_jax.tasks import score_batch
+
     return score_batch(self, completions, references, timeout_s=timeout_s)
 
 
@@ -132,6 +158,7 @@ def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
     s = real(cfg, **kw)
     broken["task"] = _Broken(s.task)
     import dataclasses
+
     return dataclasses.replace(s, task=broken["task"])
 
   monkeypatch.setattr(loop, "build_model", build)
@@ -140,7 +167,7 @@ def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
   calls = broken["task"].calls  # eval (16) + 4 steps x 16 rollouts + final eval (16), in order
   assert len(calls) == 16 + 64 + 16
   for k, rec in enumerate(r.records):
-    batch = calls[16 + 16 * k: 32 + 16 * k]
+    batch = calls[16 + 16 * k : 32 + 16 * k]
     assert rec["reward_failed"] == sum(len(c) % 2 for c in batch)
   assert r.reward_failures == sum(len(c) % 2 for c in calls[16:80])
 
@@ -170,19 +197,25 @@ def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, m
 def test_off_policy_generates_with_the_previous_weights(tmp_path):
   # format_reward: well-formed wrong answers score 0.5, so that even the barely warmed-up model gets
   # non-zero advantages and its weights move between steps.
-  r = train(_cfg(tmp_path, "off", STEPS, "run.off_policy=true", "run.eval_every=0", "task.format_reward=0.5"),
-            progress=False, export=False)
+  r = train(
+    _cfg(tmp_path, "off", STEPS, "run.off_policy=true", "run.eval_every=0", "task.format_reward=0.5"),
+    progress=False,
+    export=False,
+  )
   assert [x["policy_lag"] for x in r.records] == [0, 1, 1, 1]
   # one-step-stale μ: the mismatch is the size of one update, far above the QAT round-off of step 0
   assert r.records[1]["mismatch/prob_abs_diff_mean"] > 100 * max(r.records[0]["mismatch/prob_abs_diff_mean"], 1e-9)
 
 
-@pytest.mark.parametrize("override,message", [
+@pytest.mark.parametrize(
+  "override,message",
+  [
     ("learner.lrr=1", "valid keys in learner"),
     ("run.steps=abc", "run.steps='abc' must be an int"),
     ("quant.sampler=int3", "one of bf16, int4, fp8, nvfp4, mxfp8"),
     ("learner.correction.clip_c=0.5", "learner.correction.clip_c=0.5 must be > 1"),  # the key as typed
-])
+  ],
+)
 def test_cli_config_errors_exit_2_with_the_valid_choices(override, message, capsys):
   assert cli.train_main([QS, override]) == 2
   err = capsys.readouterr().err
@@ -197,8 +230,11 @@ def test_cli_missing_config_file_exits_2(capsys, tmp_path):
 @pytest.mark.slow
 def test_sharded_learner_mesh_runs_the_loop(tmp_path):
   """The default mesh (-1, 1, 1) on the 8 simulated devices: data-parallel learner, same loop."""
-  cfg = load_config(QS, [x for x in SMALL if not x.startswith("learner.mesh")] +
-                    [f"run.out_dir={tmp_path / 'mesh'}", "run.steps=2", "run.eval_every=0"])
+  cfg = load_config(
+    QS,
+    [x for x in SMALL if not x.startswith("learner.mesh")]
+    + [f"run.out_dir={tmp_path / 'mesh'}", "run.steps=2", "run.eval_every=0"],
+  )
   assert jax.device_count() == 8
   r = train(cfg, progress=False, export=False)
   assert r.steps == 2 and r.mismatch_mean < 1e-4
@@ -211,15 +247,29 @@ def test_sharded_learner_mesh_runs_the_loop(tmp_path):
 @pytest.mark.slow
 def test_minibatches_corrections_kl_and_ppo_paths(tmp_path):
   """K = 2 minibatches x 2 micro-batches with TIS and a KL reference; then PPO + QAE (critic, GAE)."""
-  r = train(_cfg(tmp_path, "mb", "run.steps=2", "run.eval_every=0", "learner.minibatches=2",
-                 "learner.micro_batches=2", "learner.correction.method=tis", "learner.kl_coef=0.01",
-                 "task.format_reward=0.5"), progress=False, export=False)
+  r = train(
+    _cfg(
+      tmp_path,
+      "mb",
+      "run.steps=2",
+      "run.eval_every=0",
+      "learner.minibatches=2",
+      "learner.micro_batches=2",
+      "learner.correction.method=tis",
+      "learner.kl_coef=0.01",
+      "task.format_reward=0.5",
+    ),
+    progress=False,
+    export=False,
+  )
   for rec in r.records:
     for k in ("correction/weight_mean", "kl_ref", "mismatch/prob_abs_diff_mean", "loss"):
       assert rec[k] is not None and math.isfinite(rec[k]), k
   assert L.Checkpointer(r.out_dir / "checkpoints").latest_step() == 4  # 2 updates per RL step
-  cfg = load_config("configs/ppo_qae.yaml", SMALL + [f"run.out_dir={tmp_path / 'ppo'}", "run.steps=2",
-                                                     "run.eval_every=0", "task.format_reward=0.5"])
+  cfg = load_config(
+    "configs/ppo_qae.yaml",
+    SMALL + [f"run.out_dir={tmp_path / 'ppo'}", "run.steps=2", "run.eval_every=0", "task.format_reward=0.5"],
+  )
   r = train(cfg, progress=False, export=False)
   for rec in r.records:
     assert math.isfinite(rec["value/loss"]) and math.isfinite(rec["loss"])
@@ -237,8 +287,16 @@ def _char_hf_checkpoint(path):
   backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
   backend.decoder = decoders.Fuse()
   backend.add_special_tokens(["<pad>", "<|im_end|>"])
-  mcfg = models.ModelConfig(arch="qwen2", vocab_size=len(vocab), hidden_size=64, intermediate_size=128,
-                            num_layers=2, num_heads=4, num_kv_heads=2, tie_word_embeddings=True)
+  mcfg = models.ModelConfig(
+    arch="qwen2",
+    vocab_size=len(vocab),
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    tie_word_embeddings=True,
+  )
   params = models.init_params(mcfg, jax.random.PRNGKey(0))
   tok = models.Tokenizer(backend=backend, eos_ids=(1,), pad_id=0)
   return models.save_hf(path, mcfg, params, tokenizer=tok)
@@ -248,8 +306,17 @@ def _char_hf_checkpoint(path):
 def test_hf_checkpoint_source_runs_the_loop(tmp_path):
   """model.source=hf:<dir>: the model, its tokenizer and a plain-text task encoder come from the directory."""
   d = _char_hf_checkpoint(tmp_path / "hf")
-  cfg = load_config(QS, SMALL + [f"model.source=hf:{d}", f"run.out_dir={tmp_path / 'run'}", "run.steps=2",
-                                 "run.eval_every=0", "task.format_reward=0.5"])
+  cfg = load_config(
+    QS,
+    SMALL
+    + [
+      f"model.source=hf:{d}",
+      f"run.out_dir={tmp_path / 'run'}",
+      "run.steps=2",
+      "run.eval_every=0",
+      "task.format_reward=0.5",
+    ],
+  )
   r = train(cfg, progress=False)
   assert r.steps == 2 and all(math.isfinite(x["loss"]) for x in r.records)
   assert (r.out_dir / "export_int4" / "tokenizer.json").is_file()
@@ -262,7 +329,10 @@ def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
   train(cfg, progress=False, export=False)
   assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [2, 3, 4]  # the newest 3 are kept
   # the same directory, checkpointed only at the end: kept stale steps would show (and block a save at 4)
-  r = train(load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", STEPS, "run.eval_every=0"]),
-            progress=False, export=False)
+  r = train(
+    load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", STEPS, "run.eval_every=0"]),
+    progress=False,
+    export=False,
+  )
   assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [4]
   assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0, 1, 2, 3]

@@ -21,14 +21,24 @@ QS = "configs/quickstart.yaml"
 
 
 def _params(hidden=64, inter=128, seed=0):
-  cfg = models.ModelConfig(arch="qwen2", vocab_size=20, hidden_size=hidden, intermediate_size=inter, num_layers=2,
-                           num_heads=4, num_kv_heads=2, tie_word_embeddings=True)
+  cfg = models.ModelConfig(
+    arch="qwen2",
+    vocab_size=20,
+    hidden_size=hidden,
+    intermediate_size=inter,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    tie_word_embeddings=True,
+  )
   return cfg, models.init_params(cfg, jax.random.PRNGKey(seed), std=0.5)
 
 
 def _flat(tree):
-  return {path_str(kp): x for kp, x in jax.tree_util.tree_leaves_with_path(
-      tree, is_leaf=lambda x: isinstance(x, quant.QArray))}
+  return {
+    path_str(kp): x
+    for kp, x in jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: isinstance(x, quant.QArray))
+  }
 
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -45,8 +55,10 @@ def _quantize_cast(kernels, spec, dtype):
   return {p: quant.quantize(w.astype(dtype), spec, axis=-2) for p, w in kernels.items()}
 
 
-@pytest.mark.parametrize("fmt,dtype", [("int4", "float32"), ("int4", "bfloat16"), ("fp8", "float32"),
-                                       ("nvfp4", "float32"), ("mxfp8", "bfloat16")])
+@pytest.mark.parametrize(
+  "fmt,dtype",
+  [("int4", "float32"), ("int4", "bfloat16"), ("fp8", "float32"), ("nvfp4", "float32"), ("mxfp8", "bfloat16")],
+)
 def test_sync_serves_quantize_of_the_learner_params(fmt, dtype):
   _, params = _params()
   cfg = load_config(QS, [f"quant.sampler={fmt}", "quant.learner=none", f"sampler.dtype={dtype}"])
@@ -103,7 +115,9 @@ def test_sync_serves_the_configured_weight_layout():
     if _is_proj(p):
       b = lin[p]
       assert b.axis == -1 and b.shape == (*a.shape[:-2], a.shape[-1], a.shape[-2]), p
-      np.testing.assert_array_equal(np.asarray(quant.dequantize(b)), np.swapaxes(np.asarray(quant.dequantize(a)), -1, -2))
+      np.testing.assert_array_equal(
+        np.asarray(quant.dequantize(b)), np.swapaxes(np.asarray(quant.dequantize(a)), -1, -2)
+      )
     else:
       np.testing.assert_array_equal(np.asarray(lin[p]), np.asarray(a))
 
@@ -116,8 +130,9 @@ def test_sync_bf16_arm_is_a_plain_cast():
   served = _flat(sync(params, cfg))
   for p, w in _flat(params).items():
     assert served[p].dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(served[p]).astype(np.float32),
-                                  np.asarray(w).astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(
+      np.asarray(served[p]).astype(np.float32), np.asarray(w).astype(ml_dtypes.bfloat16).astype(np.float32)
+    )
 
 
 def test_merge_lora_adds_the_scaled_low_rank_product():
@@ -138,9 +153,14 @@ def _rollouts(B=8, T=6, seed=0, **kw):
   rng = np.random.default_rng(seed)
   mask = np.zeros((B, T), bool)
   mask[:, 3:] = True
-  return Rollout(tokens=jnp.asarray(rng.integers(0, 20, (B, T)), jnp.int32), valid=jnp.ones((B, T), bool),
-                 loss_mask=jnp.asarray(mask), sampler_logp=jnp.asarray(-rng.random((B, T)) * mask, jnp.float32),
-                 rewards=jnp.asarray(rng.integers(0, 2, B), jnp.float32), **kw)
+  return Rollout(
+    tokens=jnp.asarray(rng.integers(0, 20, (B, T)), jnp.int32),
+    valid=jnp.ones((B, T), bool),
+    loss_mask=jnp.asarray(mask),
+    sampler_logp=jnp.asarray(-rng.random((B, T)) * mask, jnp.float32),
+    rewards=jnp.asarray(rng.integers(0, 2, B), jnp.float32),
+    **kw,
+  )
 
 
 def test_buffer_minibatches_partition_the_rows():
@@ -230,6 +250,7 @@ def test_gae_targets_match_a_float64_reference():
 
 def test_step_mismatch_is_pi_old_vs_mu_on_the_batch():
   from lrl_jax.learner.step import _mismatch
+
   rng = np.random.default_rng(0)
   old = -rng.random((4, 6)).astype(np.float32)
   mu = (old + 0.1 * rng.normal(size=(4, 6))).astype(np.float32)
@@ -253,18 +274,61 @@ def test_qae_delta_multiplier_follows_the_config_boundaries():
 
 def test_results_render_tables_and_claims():
   from lrl_jax.rl.experiments import RunSummary, render
+
   nan = float("nan")
-  runs = [RunSummary(arm="bf16", seed=s, accuracy_before=0.5, accuracy_after=a, smoothness=0.1, mismatch_mean=3e-3,
-                     kl_k3_mean=1e-5, acrl_x=nan, acrl_y_mean=nan, reward_first=0.4, reward_last=0.5, wall_s=1.0)
-          for s, a in ((0, 0.60), (1, 0.70))]
-  runs += [RunSummary(arm="int4_qat", seed=s, accuracy_before=0.5, accuracy_after=0.655, smoothness=0.1,
-                      mismatch_mean=3e-7, kl_k3_mean=1e-13, acrl_x=nan, acrl_y_mean=nan, reward_first=0.4,
-                      reward_last=0.5, wall_s=1.0) for s in (0, 1)]
-  runs += [RunSummary(arm="int4_no_qat", seed=0, accuracy_before=0.5, accuracy_after=0.6, smoothness=0.1,
-                      mismatch_mean=3e-2, kl_k3_mean=1e-3, acrl_x=nan, acrl_y_mean=nan, reward_first=0.4,
-                      reward_last=0.5, wall_s=1.0)]
-  text = render(runs, command="python scripts/results.py --seeds 2", steps=5, sft_steps=3, seeds=[0, 1],
-                reduced=True, date="today")
+  runs = [
+    RunSummary(
+      arm="bf16",
+      seed=s,
+      accuracy_before=0.5,
+      accuracy_after=a,
+      smoothness=0.1,
+      mismatch_mean=3e-3,
+      kl_k3_mean=1e-5,
+      acrl_x=nan,
+      acrl_y_mean=nan,
+      reward_first=0.4,
+      reward_last=0.5,
+      wall_s=1.0,
+    )
+    for s, a in ((0, 0.60), (1, 0.70))
+  ]
+  runs += [
+    RunSummary(
+      arm="int4_qat",
+      seed=s,
+      accuracy_before=0.5,
+      accuracy_after=0.655,
+      smoothness=0.1,
+      mismatch_mean=3e-7,
+      kl_k3_mean=1e-13,
+      acrl_x=nan,
+      acrl_y_mean=nan,
+      reward_first=0.4,
+      reward_last=0.5,
+      wall_s=1.0,
+    )
+    for s in (0, 1)
+  ]
+  runs += [
+    RunSummary(
+      arm="int4_no_qat",
+      seed=0,
+      accuracy_before=0.5,
+      accuracy_after=0.6,
+      smoothness=0.1,
+      mismatch_mean=3e-2,
+      kl_k3_mean=1e-3,
+      acrl_x=nan,
+      acrl_y_mean=nan,
+      reward_first=0.4,
+      reward_last=0.5,
+      wall_s=1.0,
+    )
+  ]
+  text = render(
+    runs, command="python scripts/results.py --seeds 2", steps=5, sft_steps=3, seeds=[0, 1], reduced=True, date="today"
+  )
   assert "Reduced run" in text and "python scripts/results.py --seeds 2" in text
   # bf16 final accuracy: mean 65.0, sample std 7.1 (np.std(ddof=1) of 60, 70); gain 15.0 ± 7.1
   assert "| bf16 rollouts (baseline) | 50.0 ± 0.0 | 65.0 ± 7.1 | 15.0 ± 7.1 |" in text
@@ -274,6 +338,7 @@ def test_results_render_tables_and_claims():
 
 def test_sync_reshards_onto_the_sampler_mesh():
   from jax.sharding import AxisType, NamedSharding
+
   _, params = _params()
   cfg = load_config(QS)
   mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:8])

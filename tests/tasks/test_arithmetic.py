@@ -46,9 +46,9 @@ def test_references_are_correct_and_within_digits(digits):
     nums = [int(x) for x in re.findall(r"\d+", p)]
     seen.add(p[1] if p.startswith("x") else re.search(r"[-+*]", p)[0])
     if p.startswith("x"):
-      assert nums[0] < 10 ** digits and 0 <= int(r) < 10 ** digits
+      assert nums[0] < 10**digits and 0 <= int(r) < 10**digits
     else:
-      assert nums[0] < 10 ** digits and nums[1] < 10 ** (1 if "*" in p else digits)
+      assert nums[0] < 10**digits and nums[1] < 10 ** (1 if "*" in p else digits)
   assert seen == {"+", "-", "*"}  # eq prompts start "x+"; all four ops appear in 400 draws
   assert any(p.startswith("x") for p in prompts)
 
@@ -107,7 +107,7 @@ def test_supervised_batch_masks_exactly_the_answer():
     answer_ids = b.tokens[i][b.loss_mask[i]]
     assert list(answer_ids) == TOK.encode(r) + [TOK.eos_id]
     assert (b.loss_mask[i] <= b.valid[i]).all() and b.valid[i, P:].sum() == len(r) + 1
-    assert b.valid[i, :P].sum() == len(p) + 1 and not b.valid[i, :P][:P - len(p) - 1].any()  # left pad
+    assert b.valid[i, :P].sum() == len(p) + 1 and not b.valid[i, :P][: P - len(p) - 1].any()  # left pad
 
 
 def test_exact_reward():

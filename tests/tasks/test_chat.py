@@ -35,19 +35,34 @@ def _ids(pieces, vocab):
 def test_chat_template_encoding():
   tok, vocab = _tiny_tokenizer()
   f = ChatPromptFormatter(tok, user_template="What is {prompt}?")
-  expected = _ids(["<|im_start|>", "system\n" + SMOLLM2_SYSTEM, "<|im_end|>", "\n",
-                   "<|im_start|>", "user\nWhat is 12+7=?", "<|im_end|>", "\n",
-                   "<|im_start|>", "assistant\n"], vocab)
+  expected = _ids(
+    [
+      "<|im_start|>",
+      "system\n" + SMOLLM2_SYSTEM,
+      "<|im_end|>",
+      "\n",
+      "<|im_start|>",
+      "user\nWhat is 12+7=?",
+      "<|im_end|>",
+      "\n",
+      "<|im_start|>",
+      "assistant\n",
+    ],
+    vocab,
+  )
   assert f.encode_prompt("12+7=") == expected
-  assert f.format("12+7=") == (f"<|im_start|>system\n{SMOLLM2_SYSTEM}<|im_end|>\n<|im_start|>user\nWhat is 12+7=?"
-                               "<|im_end|>\n<|im_start|>assistant\n")
+  assert f.format("12+7=") == (
+    f"<|im_start|>system\n{SMOLLM2_SYSTEM}<|im_end|>\n<|im_start|>user\nWhat is 12+7=?"
+    "<|im_end|>\n<|im_start|>assistant\n"
+  )
   assert (f.eos_id, f.pad_id) == (vocab["<|im_end|>"], vocab["<|im_end|>"])
   assert f.encode_answer("19") == [vocab["1"], vocab["9"], vocab["<|im_end|>"]]
   # A completion is read up to its first <|im_end|>.
   assert f.decode_completion(_ids(["The answer is 19.", "<|im_end|>", "junk 5"], vocab)) == "The answer is 19."
   no_system = ChatPromptFormatter(tok, system=None)
-  assert no_system.encode_prompt("1") == _ids(["<|im_start|>", "user\n1", "<|im_end|>", "\n", "<|im_start|>",
-                                               "assistant\n"], vocab)
+  assert no_system.encode_prompt("1") == _ids(
+    ["<|im_start|>", "user\n1", "<|im_end|>", "\n", "<|im_start|>", "assistant\n"], vocab
+  )
 
 
 def test_chat_arithmetic_task_batches():
@@ -59,7 +74,7 @@ def test_chat_arithmetic_task_batches():
   lens = [len(f.encode_prompt(p)) for p in prompts]
   assert tokens.shape == (4, max(lens))  # no fixed maximum for a text tokenizer: the longest prompt
   for i, p in enumerate(prompts):
-    assert list(tokens[i][valid[i]]) == f.encode_prompt(p) and valid[i, -lens[i]:].all()  # left-padded
+    assert list(tokens[i][valid[i]]) == f.encode_prompt(p) and valid[i, -lens[i] :].all()  # left-padded
   b = t.supervised_batch(0, 4)
   for i, r in enumerate(refs):
     assert list(b.tokens[i][b.loss_mask[i]]) == [vocab[c] for c in r] + [vocab["<|im_end|>"]]
