@@ -6,13 +6,16 @@ shape [K, N] quantized along its contraction axis (axis=-2): a Pallas kernel on 
 when `supported(x, q)` says so, the XLA dequantize-then-dot otherwise (and on CPU).
 `w4a16_matmul`, `nvfp4_matmul` and `fp8_matmul` call the kernels directly. `qlinear(x, w)` is the same
 product for a weight in the nn.Linear layout [N, K] (`linear_layout(q)`), whose Hopper kernel decodes the
-weights in registers as the tensor cores' left operand. See README.md.
+weights in registers as the tensor cores' left operand. `predecode_params` decodes a served tree once for a
+compute-bound backend (CPU), where decoding every weight at every decode step costs more than the matmul. See
+README.md.
 """
 
 from lrl_jax.kernels.blocks import BlockConfig, Unsupported
 from lrl_jax.kernels.dispatch import Support, qmatmul, supported, xla_matmul
 from lrl_jax.kernels.linear import linear_layout, qlinear, supported_linear, xla_linear
 from lrl_jax.kernels.matmul import fp8_matmul, nvfp4_matmul, pallas_matmul, w4a16_matmul
+from lrl_jax.kernels.predecode import Predecoded, predecode, predecode_by_default, predecode_params, predecoded_dot
 
 __all__ = [
   "qmatmul",
@@ -29,4 +32,9 @@ __all__ = [
   "pallas_matmul",
   "BlockConfig",
   "Unsupported",
+  "Predecoded",
+  "predecode",
+  "predecode_params",
+  "predecoded_dot",
+  "predecode_by_default",
 ]

@@ -343,6 +343,10 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
   qparams: (scale, zero point or None) of a learned INT4 spec (`kernel_scale` / `kernel_zero`).
   alpha: QAT warm-up weight in [0, 1] (a scalar array) or None (QAT fully on).
   """
+  if isinstance(w, kernels.Predecoded):  # a served weight decoded once (`kernels.predecode`): the same dot
+    if act_spec is not None:
+      x = quant.fake_quant(x, act_spec, axis=-1)
+    return kernels.predecoded_dot(x, w).astype(x.dtype)
   if isinstance(w, quant.QArray):
     if act_spec is not None:
       x = quant.fake_quant(x, act_spec, axis=-1)
@@ -383,7 +387,7 @@ def _dense(x, p: dict, name: str, specs: dict, lora_p: dict | None, lora_scale: 
   to the matmuls with a quantized weight (a QArray, or a float kernel the rules select).
   """
   w, spec = p["kernel"], specs.get(name)
-  act = specs.get("act") if (spec is not None or isinstance(w, quant.QArray)) else None
+  act = specs.get("act") if (spec is not None or isinstance(w, (quant.QArray, kernels.Predecoded))) else None
   qparams = None
   if spec is not None and getattr(spec, "learned", False):
     s_key, z_key = "kernel" + quant.SCALE_SUFFIX, "kernel" + quant.ZERO_SUFFIX
@@ -636,6 +640,8 @@ def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
     w = params["embed"]["embedding"]
     return jnp.einsum("...d,vd->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
   w = params["lm_head"]["kernel"]
+  if isinstance(w, kernels.Predecoded):
+    return kernels.predecoded_dot(h, w)
   if isinstance(w, quant.QArray):
     mm = kernels.qlinear if w.axis == -1 else kernels.qmatmul  # [V, D] in the nn.Linear layout, else [D, V]
     return mm(h, w).astype(jnp.float32)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from lrl_jax import kernels
 from lrl_jax.models.config import ModelConfig
 from lrl_jax.models.decoder import Numerics, forward_hidden, init_cache, logits_from_hidden
 from lrl_jax.rollout import Rollout
@@ -43,8 +44,10 @@ def _is_eos(tok, sampling: SamplingConfig):
   return jnp.isin(tok, jnp.asarray(sampling.eos_id, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "cache_dtype", "act_spec"))
-def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_dtype, act_spec, lora):
+@functools.partial(jax.jit, static_argnames=("cfg", "sampling", "cache_dtype", "act_spec", "predecode"))
+def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_dtype, act_spec, lora, predecode=False):
+  if predecode:  # decode the served weights once, not at every step (a compute-bound backend; same numbers)
+    params = kernels.predecode_params(params, cfg.compute_dtype)
   B, P = prompts_BP.shape
   N = sampling.max_new_tokens
   cache = init_cache(cfg, B, P + N, cache_dtype)
@@ -116,6 +119,7 @@ def generate(
   cache_dtype=jnp.bfloat16,
   act_spec=None,
   lora=None,
+  predecode: bool | None = None,
 ) -> Rollout:
   """Samples up to `sampling.max_new_tokens` tokens after each prompt, `group_size` times.
 
@@ -135,6 +139,10 @@ def generate(
       per-token FP8 activations, dynamic scales), or None (weight-only).
     lora: `models.Lora` adapters applied over the (possibly low-bit) served base, as the learner
       computes π in LoRA-only training (QeRL: frozen NVFP4 base + float adapters), or None.
+    predecode: decode the served QArrays once per call, before the decode loop (`kernels.predecode_params`), instead
+      of at every step: where the step is compute-bound (CPU) that per-step decode costs more than the matmuls. The
+      same dot on the same operand, so μ does not change. None: on the CPU backend only (GPU / TPU keep the
+      low-bit kernels, which read the codes).
 
   Returns:
     A `Rollout` (tokens, valid, loss_mask, sampler_logp; group_size) with T = P + max_new_tokens.
@@ -156,5 +164,8 @@ def generate(
   if group_size > 1:
     prompts_BP, prompt_valid_BP = (jnp.repeat(x, group_size, axis=0) for x in (prompts_BP, prompt_valid_BP))
   keys_B = row_keys(key, prompts_BP.shape[0])
-  out = _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec, lora)
+  predecode = kernels.predecode_by_default() if predecode is None else bool(predecode)
+  out = _generate(
+    params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec, lora, predecode
+  )
   return out.replace(group_size=group_size)

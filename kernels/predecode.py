@@ -1,0 +1,70 @@
+"""`Predecoded`: a served weight decoded once, for backends where the matmul is compute-bound.
+
+On a GPU / TPU a decode step is memory-bound and the low-bit kernels read the codes directly (`qmatmul`,
+`qlinear`). On a CPU the step is compute-bound and XLA's path decodes every weight at every step (a full pass of
+dequantization per token: INT4 serving ran at 0.6x and NVFP4 at 0.15x of bf16). `predecode` does that decode
+once, outside the decode loop, into the operand `quant.qdot` computes: ŵ = dequantize(q, dtype), without NVFP4's
+per-matrix scale `dec`, which `predecoded_dot` applies after the K sum as `qdot` does. The product is the same
+dot on the same operand as the XLA path, so the served numbers do not change (tested bit for bit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from lrl_jax import quant
+from lrl_jax.kernels import dispatch
+
+__all__ = ["Predecoded", "predecode", "predecode_params", "predecoded_dot", "predecode_by_default"]
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "dec"], meta_fields=["axis"])
+@dataclasses.dataclass(frozen=True)
+class Predecoded:
+  """A weight decoded once: w = dequantize(q, dtype) (NVFP4: without `dec`).
+
+  Attributes:
+    w: [.., K, N] (axis -2, the contract's layout) or [.., N, K] (axis -1, the nn.Linear layout) in the compute
+      dtype; leading axes are stacked layers (sliced by the decoder's scan like the QArray they came from).
+    dec: f32 [..] NVFP4's per-matrix decode scale (one per stacked matrix), applied after the K sum; else None.
+    axis: the contraction axis of w, -2 or -1 (static).
+  """
+
+  w: jax.Array
+  dec: jax.Array | None
+  axis: int = -2
+
+
+def predecode_by_default() -> bool:
+  """Whether a decode loop should predecode its served weights: on the backend `qmatmul` dispatches for, the CPU
+  (compute-bound: `qmatmul` takes XLA's decode-then-dot there anyway); GPU / TPU keep the low-bit kernels."""
+  return dispatch._backend() == "cpu"
+
+
+def predecode(q: quant.QArray, dtype) -> Predecoded:
+  """The `Predecoded` of a weight QArray for activations of `dtype` (the operand `quant.qdot` dots with)."""
+  nvfp4 = isinstance(q.spec, quant.NVFP4)
+  w = quant.dequantize(q, jnp.dtype(dtype), global_scale=not nvfp4)
+  return Predecoded(w=w, dec=q.global_scale.astype(jnp.float32) if nvfp4 else None, axis=q.axis)
+
+
+def predecode_params(params, dtype):
+  """`params` with every QArray leaf predecoded for activations of `dtype` (float leaves unchanged)."""
+  is_q = lambda x: isinstance(x, quant.QArray)  # noqa: E731
+  return jax.tree_util.tree_map(lambda x: predecode(x, dtype) if is_q(x) else x, params, is_leaf=is_q)
+
+
+def predecoded_dot(x: jax.Array, p: Predecoded) -> jax.Array:
+  """x [..., K] ⋅ ŵ -> [..., N] float32: `quant.qdot` on the predecoded operand (one matrix, no stack)."""
+  if p.w.ndim != 2:
+    raise ValueError(f"predecoded_dot: one matrix at a time (a stack is sliced by the layer scan); got {p.w.shape}")
+  k_axis = 0 if p.axis == -2 else 1
+  if x.shape[-1] != p.w.shape[k_axis]:
+    raise ValueError(f"predecoded_dot: activations {tuple(x.shape)} do not contract with weight {p.w.shape}")
+  y = lax.dot_general(x, p.w, (((x.ndim - 1,), (k_axis,)), ((), ())), preferred_element_type=jnp.float32)
+  return y if p.dec is None else y * p.dec
