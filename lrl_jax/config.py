@@ -210,9 +210,11 @@ class SamplerSection(Schema):
   eval_temperature: float = 0.0  # temperature of evaluation runs (0 = greedy)
   dtype: _DTYPE = "bfloat16"  # sampler activation and KV-cache dtype
   weight_layout: Literal["kn", "linear"] = "kn"  # served QArrays: kn = [K, N] (qmatmul); linear = [N, K] (qlinear)
+  slots: int | None = None  # decode slots of the rollout engine (continuous batching); null = one per completion
 
   def _validate(self):
     self._check(self.group_size >= 1, "group_size", "must be >= 1")
+    self._check(self.slots is None or self.slots >= 1, "slots", "must be >= 1 or null")
     self._check(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
     self._check(self.temperature >= 0, "temperature", "must be >= 0")
     self._check(self.eval_temperature >= 0, "eval_temperature", "must be >= 0")

@@ -533,6 +533,7 @@ def forward_hidden(
   valid_BT=None,
   cache=None,
   cache_index=None,
+  attn_window: int | None = None,
   numerics: Numerics | None = None,
   lora=None,
   remat: bool = False,
@@ -562,6 +563,15 @@ def forward_hidden(
       raise ValueError(f"{T} tokens do not fit a cache of {cache.max_len} slots")
     if isinstance(cache_index, int) and not 0 <= cache_index <= cache.max_len - T:
       raise ValueError(f"cache_index {cache_index} + {T} tokens overruns a cache of {cache.max_len} slots")
+    if jnp.ndim(cache_index) == 1 and (jnp.shape(cache_index) != (B,) or T != 1):
+      raise ValueError(
+        f"a per-row cache_index must be [B] = [{B}] with one new token per row; got shape "
+        f"{jnp.shape(cache_index)} with T = {T}"
+      )
+    if attn_window is not None and not (isinstance(attn_window, int) and T <= attn_window <= cache.max_len):
+      raise ValueError(f"attn_window={attn_window!r} must be an int in [{T}, {cache.max_len}] (the cache's slots)")
+  elif attn_window is not None:
+    raise ValueError("attn_window needs a cache")
   if positions_BT is None:
     positions_BT = _default_positions(valid_BT, cache)
   positions_BT = jnp.asarray(positions_BT)
@@ -591,11 +601,23 @@ def forward_hidden(
     new_cache = None
   else:
     idx = jnp.asarray(cache_index, jnp.int32)
-    valid_BS = lax.dynamic_update_slice(cache.valid_BS, valid_BT, (jnp.int32(0), idx))
-    slot_T = idx + jnp.arange(T, dtype=jnp.int32)
-    mask_BTS = (jnp.arange(cache.max_len, dtype=jnp.int32)[None, :] <= slot_T[:, None])[None] & valid_BS[:, None, :]
+    per_row = idx.ndim == 1  # one slot per row (a continuous-batching engine's rows sit at different lengths)
+    rows = jnp.arange(B, dtype=jnp.int32)
+    if per_row:
+      valid_BS = cache.valid_BS.at[rows, idx].set(valid_BT[:, 0])
+      slot_BT = idx[:, None]
+    else:
+      valid_BS = lax.dynamic_update_slice(cache.valid_BS, valid_BT, (jnp.int32(0), idx))
+      slot_BT = jnp.broadcast_to(idx + jnp.arange(T, dtype=jnp.int32), (B, T))
+    W = cache.max_len if attn_window is None else attn_window  # attend to slots [0, W) only
+    mask_BTS = (jnp.arange(W, dtype=jnp.int32)[None, None, :] <= slot_BT[:, :, None]) & valid_BS[:, None, :W]
     fp8 = cache.k_scale is not None
     zero = jnp.int32(0)
+
+    def put(c, new, i):  # write the new tokens' entries of layer i at their slots
+      if per_row:
+        return c.at[i, rows, idx].set(new[:, 0].astype(c.dtype))
+      return lax.dynamic_update_slice(c, new.astype(c.dtype)[None], (i, zero, idx) + (zero,) * (c.ndim - 3))
 
     def body(carry, xs):
       x, kc, vc, ks, vs = carry
@@ -606,16 +628,12 @@ def forward_hidden(
         if fp8:
           kq, k_s = _fp8_encode(k)
           vq, v_s = _fp8_encode(v)
-          kc = lax.dynamic_update_slice(kc, kq[None], (i, zero, idx, zero, zero))
-          vc = lax.dynamic_update_slice(vc, vq[None], (i, zero, idx, zero, zero))
-          ks = lax.dynamic_update_slice(ks, k_s[None], (i, zero, idx, zero))
-          vs = lax.dynamic_update_slice(vs, v_s[None], (i, zero, idx, zero))
-          keys = (kc[i].astype(jnp.float32) * ks[i][..., None]).astype(dt)
-          values = (vc[i].astype(jnp.float32) * vs[i][..., None]).astype(dt)
+          kc, vc, ks, vs = put(kc, kq, i), put(vc, vq, i), put(ks, k_s, i), put(vs, v_s, i)
+          keys = (kc[i, :, :W].astype(jnp.float32) * ks[i, :, :W][..., None]).astype(dt)
+          values = (vc[i, :, :W].astype(jnp.float32) * vs[i, :, :W][..., None]).astype(dt)
         else:
-          kc = lax.dynamic_update_slice(kc, k.astype(kc.dtype)[None], (i, zero, idx, zero, zero))
-          vc = lax.dynamic_update_slice(vc, v.astype(vc.dtype)[None], (i, zero, idx, zero, zero))
-          keys, values = kc[i], vc[i]
+          kc, vc = put(kc, k, i), put(vc, v, i)
+          keys, values = kc[i, :, :W], vc[i, :, :W]
         return keys, values, mask_BTS
 
       x = _layer(cfg, specs, lora_scale, x, lp, llp, positions_BT, kv_fn)
@@ -657,6 +675,7 @@ def forward(
   valid_BT=None,
   cache: KVCache | None = None,
   cache_index=None,
+  attn_window: int | None = None,
   numerics: Numerics | None = None,
   lora=None,
   remat: bool = False,
@@ -673,7 +692,10 @@ def forward(
     cache: a `KVCache`. The T new tokens are written at slots [cache_index, cache_index + T)
       (marked valid where valid_BT), and the token at slot j attends to the valid slots ≤ j.
       Without a cache, token t attends to the valid tokens ≤ t of this call.
-    cache_index: int scalar, the slot of the first new token (required with a cache).
+    cache_index: the slot of the first new token (required with a cache): an int scalar for every row, or int [B],
+      one slot per row, with one new token per row (T = 1: a decode step of rows at different lengths).
+    attn_window: attend to the cache's slots [0, attn_window) only (static; every valid slot and every write must
+      lie below it): decode over the filled part of a preallocated cache. None: every slot.
     numerics: a `Numerics` (the learner's QAT rules and warm-up α, the sampler's FP8 activations), or None:
       the matmuls in `cfg.dtype` on the kernels as they are (float, or served QArrays).
     lora: a `models.lora.Lora` (adapters added to the selected layer kernels), or None.
@@ -690,6 +712,7 @@ def forward(
     valid_BT=valid_BT,
     cache=cache,
     cache_index=cache_index,
+    attn_window=attn_window,
     numerics=numerics,
     lora=lora,
     remat=remat,

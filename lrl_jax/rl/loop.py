@@ -108,6 +108,7 @@ def _generate(
 ) -> Rollout:
   enc = setup.task.encoder
   sampling = cfg.sampler.sampling(eos_id=enc.eos_id, pad_id=enc.pad_id, evaluation=evaluation)
+  slots = cfg.sampler.slots or len(tokens) * group_size  # the rollout engine; null: a slot per completion
   return generate(
     served,
     jnp.asarray(tokens),
@@ -116,6 +117,7 @@ def _generate(
     sampling,
     key,
     group_size=group_size,
+    slots=slots,
     cache_dtype=setup.sampler_cfg.dtype,
     act_spec=cfg.quant.act_spec,
     lora=lora,

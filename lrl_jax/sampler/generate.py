@@ -22,6 +22,7 @@ from lrl_jax import kernels
 from lrl_jax.models.config import ModelConfig
 from lrl_jax.models.decoder import Numerics, forward_hidden, init_cache, logits_from_hidden
 from lrl_jax.rollout import Rollout
+from lrl_jax.sampler.engine import run_engine
 from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens
 
 __all__ = ["generate", "row_keys"]
@@ -45,7 +46,19 @@ def _is_eos(tok, sampling: SamplingConfig):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "cache_dtype", "act_spec", "predecode"))
-def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_dtype, act_spec, lora, predecode=False):
+def _generate(
+  params,
+  prompts_BP,
+  prompt_valid_BP,
+  keys_B,
+  cfg,
+  sampling,
+  cache_dtype,
+  act_spec,
+  lora,
+  predecode=False,
+  limits_B=None,
+):
   if predecode:  # decode the served weights once, not at every step (a compute-bound backend; same numbers)
     params = kernels.predecode_params(params, cfg.compute_dtype)
   B, P = prompts_BP.shape
@@ -67,7 +80,8 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
   toks_BN = jnp.full((B, N), sampling.pad_id, jnp.int32).at[:, 0].set(tok_B)
   lps_BN = jnp.zeros((B, N), jnp.float32).at[:, 0].set(lp_B)
   mask_BN = jnp.zeros((B, N), bool).at[:, 0].set(True)
-  done_B = _is_eos(tok_B, sampling)
+  limits_B = jnp.full((B,), N, jnp.int32) if limits_B is None else limits_B
+  done_B = _is_eos(tok_B, sampling) | (limits_B <= 1)
 
   def cond(c):
     t, _, _, _, _, _, done_B = c
@@ -92,7 +106,7 @@ def _generate(params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, cache_
     toks_BN = lax.dynamic_update_slice(toks_BN, tok_B[:, None], (0, t))
     lps_BN = lax.dynamic_update_slice(lps_BN, jnp.where(active_B, lp_B, 0.0)[:, None], (0, t))
     mask_BN = lax.dynamic_update_slice(mask_BN, active_B[:, None], (0, t))
-    done_B = done_B | (active_B & _is_eos(tok_B, sampling))
+    done_B = done_B | (active_B & (_is_eos(tok_B, sampling) | (t + 1 >= limits_B)))
     return t + 1, cache, tok_B, toks_BN, lps_BN, mask_BN, done_B
 
   c = (jnp.int32(1), cache, tok_B, toks_BN, lps_BN, mask_BN, done_B)
@@ -116,10 +130,12 @@ def generate(
   key,
   *,
   group_size: int = 1,
+  slots: int | None = None,
   cache_dtype=jnp.bfloat16,
   act_spec=None,
   lora=None,
   predecode: bool | None = None,
+  limits=None,
 ) -> Rollout:
   """Samples up to `sampling.max_new_tokens` tokens after each prompt, `group_size` times.
 
@@ -129,6 +145,11 @@ def generate(
     prompt_valid_BP: bool [B, P], True on real prompt tokens; every row needs at least one.
     group_size: G completions per prompt: the rollout has B·G rows, prompt b's group in rows bG … bG + G − 1
       (`Rollout.group_size` = G).
+    slots: None: the static batch (every row decodes until the longest one ends; each row prefills its prompt).
+      An int S: the rollout engine (`engine.py`): each distinct prompt is prefilled once and shared by its G
+      rows, and S decode slots take the B·G requests in order, a finished row's slot taking the next request
+      (continuous batching; attention over the filled part of the cache). Same keys, same tokens; μ equal up to
+      the order of float sums.
     cfg: model config; `cfg.dtype` is the compute dtype of the served model.
     sampling: temperature / top-k / top-p / EOS / pad.
     key: one PRNG key (row b draws with `fold_in(key, b)`) or [B] keys, one seed per request;
@@ -143,12 +164,16 @@ def generate(
       of at every step: where the step is compute-bound (CPU) that per-step decode costs more than the matmuls. The
       same dot on the same operand, so μ does not change. None: on the CPU backend only (GPU / TPU keep the
       low-bit kernels, which read the codes).
+    limits: int [B·G], each row's new-token limit in [1, max_new_tokens] (a row stops at EOS or at its limit), or
+      None: max_new_tokens for every row.
 
   Returns:
     A `Rollout` (tokens, valid, loss_mask, sampler_logp; group_size) with T = P + max_new_tokens.
 
   Raises:
-    ValueError: shapes disagree, or a row has no valid prompt token (checked when the mask is concrete).
+    ValueError: shapes disagree, a row has no valid prompt token, or a prompt plus max_new_tokens exceeds the
+      model's context (`cfg.max_position_embeddings`), naming the row; `group_size` or `slots` not a positive
+      int. Checked before anything is generated (the prompt checks when the mask is concrete).
   """
   prompts_BP = jnp.asarray(prompts_BP)
   prompt_valid_BP = jnp.asarray(prompt_valid_BP).astype(bool)
@@ -159,13 +184,61 @@ def generate(
   if not isinstance(prompt_valid_BP, jax.core.Tracer) and not bool(jnp.all(jnp.any(prompt_valid_BP, axis=1))):
     rows = [int(i) for i in jnp.nonzero(~jnp.any(prompt_valid_BP, axis=1))[0]]
     raise ValueError(f"prompt rows {rows} have no valid token")
+  if not isinstance(prompt_valid_BP, jax.core.Tracer):
+    lens = jnp.sum(prompt_valid_BP, axis=1) + sampling.max_new_tokens
+    over = [int(i) for i in jnp.nonzero(lens > cfg.max_position_embeddings)[0]]
+    if over:
+      raise ValueError(
+        f"prompt rows {over} with max_new_tokens={sampling.max_new_tokens} need "
+        f"{int(lens[over[0]])} positions; the model's context is {cfg.max_position_embeddings}"
+      )
   if not isinstance(group_size, int) or group_size < 1:
     raise ValueError(f"generate: group_size must be a positive int; got {group_size!r}")
+  if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool) or slots < 1):
+    raise ValueError(f"generate: slots must be a positive int or None (the static batch); got {slots!r}")
+  predecode = kernels.predecode_by_default() if predecode is None else bool(predecode)
+  R = prompts_BP.shape[0] * group_size
+  if limits is not None:
+    limits = jnp.asarray(limits, jnp.int32)
+    if limits.shape != (R,):
+      raise ValueError(f"generate: limits must be one new-token limit per row [B·G] = [{R}]; got {limits.shape}")
+    bad = [int(i) for i in jnp.nonzero((limits < 1) | (limits > sampling.max_new_tokens))[0]]
+    if bad:
+      raise ValueError(
+        f"generate: rows {bad} have limits {[int(limits[i]) for i in bad]} outside "
+        f"[1, max_new_tokens={sampling.max_new_tokens}]"
+      )
+  if slots is not None:
+    keys_R = row_keys(key, R)
+    return run_engine(
+      params,
+      prompts_BP,
+      prompt_valid_BP,
+      keys_R,
+      cfg,
+      sampling,
+      group_size=group_size,
+      slots=slots,
+      cache_dtype=jnp.dtype(cache_dtype),
+      act_spec=act_spec,
+      lora=lora,
+      predecode=predecode,
+      limits_R=limits,
+    )
   if group_size > 1:
     prompts_BP, prompt_valid_BP = (jnp.repeat(x, group_size, axis=0) for x in (prompts_BP, prompt_valid_BP))
   keys_B = row_keys(key, prompts_BP.shape[0])
-  predecode = kernels.predecode_by_default() if predecode is None else bool(predecode)
   out = _generate(
-    params, prompts_BP, prompt_valid_BP, keys_B, cfg, sampling, jnp.dtype(cache_dtype), act_spec, lora, predecode
+    params,
+    prompts_BP,
+    prompt_valid_BP,
+    keys_B,
+    cfg,
+    sampling,
+    jnp.dtype(cache_dtype),
+    act_spec,
+    lora,
+    predecode,
+    limits,
   )
   return out.replace(group_size=group_size)
