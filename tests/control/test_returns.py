@@ -7,6 +7,7 @@ import pytest
 
 from lrl_jax import losses
 from lrl_jax.control import dqn_targets, episodic_gae
+from tests._fp_bound import rounding_bound
 
 
 def _gae_np(r, v, d, last_v, gamma, lam):
@@ -44,8 +45,15 @@ def test_episodic_gae_equals_losses_gae_without_boundaries():
   v = rng.normal(size=(9, 4)).astype(np.float32)
   adv, ret = episodic_gae(r, v, np.zeros_like(r), np.zeros(4, np.float32), gamma=0.97, lam=0.9)
   ladv, lret = losses.gae_advantages(r.T, v.T, np.ones((4, 9), bool), gamma=0.97, lam=0.9)
-  np.testing.assert_allclose(adv, ladv.T, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(ret, lret.T, rtol=1e-6, atol=1e-6)
+  # Two f32 programs for one recursion: each within its first-order rounding bound of the exact values.
+  ba = rounding_bound(
+    lambda r, v: episodic_gae(r, v, jnp.zeros_like(r), jnp.zeros(4, jnp.float32), gamma=0.97, lam=0.9), r, v
+  )
+  bl = rounding_bound(lambda r, v: losses.gae_advantages(r, v, np.ones((4, 9), bool), gamma=0.97, lam=0.9), r.T, v.T)
+  for b in (ba, bl):
+    b.assert_stable()
+  np.testing.assert_array_less(np.abs(np.asarray(adv) - np.asarray(ladv).T), ba.err[0] + bl.err[0].T)
+  np.testing.assert_array_less(np.abs(np.asarray(ret) - np.asarray(lret).T), ba.err[1] + bl.err[1].T)
 
 
 def test_episodic_gae_done_cuts_the_episode():

@@ -8,6 +8,7 @@ from _learner_util import B, T, V, np_token_logprobs, tiny_cfg
 
 from lrl_jax import learner as L
 from lrl_jax import models, quant
+from tests._fp_bound import rounding_bound
 
 
 def test_logprobs_from_logits_shift_and_gaps():
@@ -63,7 +64,18 @@ def test_token_logprobs_matches_numpy_of_forward():
   want = np_token_logprobs(np.asarray(logits), np.asarray(batch.tokens), np.asarray(batch.valid))
   got = L.token_logprobs(params, batch, mc, cfg=L.LearnerConfig(compute_dtype="float32"))
   assert got.dtype == jnp.float32 and got.shape == (B, T)
-  np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)  # f32 log-softmax of f32 logits
+  # Two evaluations of one function (token_logprobs' own forward; the f64 log-softmax of the jitted forward's f32
+  # logits), each within its first-order rounding bound of the exact log-probs (tests/_fp_bound.py).
+  bound = rounding_bound(
+    lambda p, t, v: L.token_logprobs(
+      p, batch.replace(tokens=t, valid=v), mc, cfg=L.LearnerConfig(compute_dtype="float32")
+    ),
+    params,
+    np.asarray(batch.tokens),
+    np.asarray(batch.valid),
+  )
+  bound.assert_stable()
+  np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), 2 * bound.err + 1e-30)
 
 
 @pytest.mark.parametrize(
