@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed
 REF    := $(VENV)/.installed-ref
 AOT    := $(VENV)/.installed-aot
 LIBTPU := $(VENV)/libtpu
-PYTEST := $(BIN)/python -m pytest -q -n 2
+# --dist loadfile: a test file's tests share one worker, so its module fixtures and compiled programs are made once
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 .PHONY: demo test lint format test-ref test-aot test-slow bench numerics clean
 

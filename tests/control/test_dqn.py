@@ -84,6 +84,7 @@ def test_polyak_target_update_numpy():
   np.testing.assert_array_equal(same["w"], t["w"])
 
 
+@pytest.mark.slow
 def test_target_sync_keeps_quantized_view():
   """Short QAT run that ends on a hard target sync: target == online masters, and the target's fake-INT4
   forward equals the real-INT4 export of the online network and a NumPy float64 INT4 reference."""

@@ -25,6 +25,7 @@ def _greedy(policy, kind):
   ).mean(axis=1)
 
 
+@pytest.mark.slow  # the QAT run below trains the same agent (and reaches the threshold) in the default suite
 def test_cartpole_fp32_reaches_threshold():
   res = C.train_ppo(C.PPOConfig(env_name="CartPole-v1", total_steps=STEPS), SEEDS)
   ret = _greedy(C.policy_params(res.params), "float")

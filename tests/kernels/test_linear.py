@@ -60,20 +60,21 @@ def test_linear_layout_of_a_stack_and_rejects_other_layouts():
     lin.linear_layout(jnp.ones((4, 4)))
 
 
-# (spec, K, M, activation dtype): every group size, zero points, f32 scales, odd M, split-K, M > 64.
+# (spec, K, M, activation dtype): every group size, zero points, f32 scales, odd M, split-K, M > 64 (the default
+# suite: g32, zero points, f32 scales, split-K, M > 64 and NVFP4; the other group sizes and f16 are `make test-slow`).
 CASES = [
   (quant.Int4(group_size=32), 256, 1, jnp.bfloat16),
   (quant.Int4(group_size=32), 1024, 5, jnp.bfloat16),  # split-K 4, 2 steps per program
-  (quant.Int4(group_size=64), 512, 17, jnp.bfloat16),
-  (quant.Int4(group_size=128), 1024, 3, jnp.bfloat16),
+  pytest.param(quant.Int4(group_size=64), 512, 17, jnp.bfloat16, marks=pytest.mark.slow),
+  pytest.param(quant.Int4(group_size=128), 1024, 3, jnp.bfloat16, marks=pytest.mark.slow),
   (quant.Int4(group_size=256), 2048, 100, jnp.bfloat16),  # one 104-row tile, a scale column per 2 steps
-  (quant.Int4(group_size=16), 256, 3, jnp.float16),
+  pytest.param(quant.Int4(group_size=16), 256, 3, jnp.float16, marks=pytest.mark.slow),
   (quant.Int4(group_size=32, scheme="minmax"), 512, 17, jnp.bfloat16),  # zero points: (q − z)·s
-  (quant.Int4(group_size=64, scheme="minmax"), 1024, 1, jnp.float16),
+  pytest.param(quant.Int4(group_size=64, scheme="minmax"), 1024, 1, jnp.float16, marks=pytest.mark.slow),
   (quant.Int4(group_size=32, scale_dtype="float32"), 256, 2, jnp.bfloat16),  # f32 scales: the f32 product
   (quant.NVFP4(), 256, 1, jnp.bfloat16),  # dec · (x @ (e2m1 · s_b)ᵀ): 16-column scale groups, 8 wgmma per step
   (quant.NVFP4(), 1024, 17, jnp.bfloat16),  # split-K
-  (quant.NVFP4(), 512, 100, jnp.bfloat16),
+  pytest.param(quant.NVFP4(), 512, 100, jnp.bfloat16, marks=pytest.mark.slow),
 ]
 
 

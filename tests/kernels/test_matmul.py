@@ -100,8 +100,11 @@ def qweights():
   return out
 
 
-# Every M on the GPU (k_loop) schedule; two on the TPU (k_grid) schedule, to bound the run time.
-CASES = [(m, "gpu") for m in (1, 3, 17, 100)] + [(m, "tpu") for m in (3, 100)]
+# Every M on the GPU (k_loop) schedule; two on the TPU (k_grid) schedule, to bound the run time. The default
+# suite runs M = 1 and a ragged M = 100 on the GPU schedule, M = 100 on the TPU one; the rest are `make test-slow`.
+CASES = [(1, "gpu"), (100, "gpu"), (100, "tpu")] + [
+  pytest.param(m, t, marks=pytest.mark.slow) for m, t in ((3, "gpu"), (17, "gpu"), (3, "tpu"))
+]
 
 
 @pytest.mark.parametrize("m,target", CASES)

@@ -27,7 +27,7 @@ def qw():
   return {f: (q := quant.quantize(w, SPECS[f], axis=-2), _np_dequant(q)) for f in FORMATS}
 
 
-@pytest.mark.parametrize("m", [1, 17, 100])
+@pytest.mark.parametrize("m", [1, pytest.param(17, marks=pytest.mark.slow), 100])
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_matches_float64_reference(qw, fmt, m):
   """x @ ŵ as served (round_bf16(ŵ); NVFP4's dec after the sum) up to f32 summation order and the bf16 output
@@ -136,7 +136,7 @@ def test_lowers_for_cuda_within_shared_memory(fmt, k, n, m):
   assert smem_bytes(x, q) <= 0.8 * 227 * 1024
 
 
-@pytest.mark.parametrize("fmt", ["int4_g128", "nvfp4"])
+@pytest.mark.parametrize("fmt", ["int4_g128", pytest.param("nvfp4", marks=pytest.mark.slow)])
 def test_sampler_generate_lowers_with_mosaic_gpu_kernels(fmt, monkeypatch):
   """The whole sampler (prefill, the decode loop over the KV cache, scanned layers) lowers for cuda with dispatch as
   on an H200 whose jax has no Triton: all 14 projections (7 per layer body, prefill and decode) are Mosaic GPU."""

@@ -303,7 +303,10 @@ def test_load_compressed_tensors_errors(tmp_path):
 
 @pytest.mark.parametrize(
   "spec",
-  [Int4(group_size=32, scheme="minmax"), Int4(group_size=32, scheme="learned", learn_zero_point=True)],
+  [
+    Int4(group_size=32, scheme="minmax"),
+    pytest.param(Int4(group_size=32, scheme="learned", learn_zero_point=True), marks=pytest.mark.slow),
+  ],
   ids=lambda s: s.name,
 )
 def test_int4_asymmetric_zero_points_layout_and_roundtrip(tmp_path, spec):

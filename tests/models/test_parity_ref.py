@@ -5,7 +5,6 @@ gives the same weights, tokens, logits and greedy continuation as transformers r
 Run: python -m pytest -m ref tests/models -q   (add -s to see the measured differences)
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -230,7 +230,7 @@ def _params(spec, seed=0):
   )
 
 
-@pytest.mark.parametrize("spec", [MINMAX, LSQZ], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [MINMAX, pytest.param(LSQZ, marks=pytest.mark.slow)], ids=lambda s: s.name)
 def test_qat_forward_equals_served_sampler_forward(spec):
   rules = quant.QuantRules.default(spec)
   p = _params(spec) if spec.learned else models.init_params(CFG, jax.random.key(0))
@@ -384,6 +384,7 @@ def test_learner_update_clip_and_grid_init():
   assert emb_move > 0.1
 
 
+@pytest.mark.slow
 def test_learned_scales_restart_from_the_weights_when_qat_switches_on_late():
   """qat_start_step = 1: before it (α = 0) the learned scales get no gradient and keep their (here stale)
   values; at step 1 train_step re-initialises them from that step's weights (absmax of the compute-dtype

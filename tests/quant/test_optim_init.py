@@ -291,7 +291,7 @@ def test_next_token_kl_matches_float64_and_its_bound():
     next_token_kl(lp, lq, mask[:, :2])
 
 
-@pytest.mark.parametrize("scheme", ["absmax", "learned_zp"])
+@pytest.mark.parametrize("scheme", ["absmax", pytest.param("learned_zp", marks=pytest.mark.slow)])
 def test_policy_jolt_is_zero_after_int4_aware_init(scheme):
   """Tiny model: the QAT forward jolts the random init by 0 < KL <= bound; after int4_aware_init (then the
   learned s, z initialised from it, as the loop does) the QAT and float forwards agree bit for bit: KL = 0."""

@@ -37,7 +37,7 @@ def _prompts():
 CASES = [
   pytest.param(quant.Int4(group_size=32), "kn", "bfloat16", None, id="int4-kn-bf16"),
   pytest.param(quant.NVFP4(), "kn", "bfloat16", None, id="nvfp4-kn-bf16"),
-  pytest.param(quant.FP8(), "kn", "float32", quant.FP8(granularity="token"), id="fp8-w8a8-f32"),
+  pytest.param(quant.FP8(), "kn", "float32", quant.FP8(granularity="token"), id="fp8-w8a8-f32", marks=pytest.mark.slow),
   pytest.param(quant.Int4(group_size=32), "linear", "bfloat16", None, id="int4-linear-bf16", marks=pytest.mark.slow),
   pytest.param(quant.MXFP8(), "kn", "bfloat16", None, id="mxfp8-kn-bf16", marks=pytest.mark.slow),
   pytest.param(quant.NVFP4(), "linear", "float32", None, id="nvfp4-linear-f32", marks=pytest.mark.slow),
