@@ -534,6 +534,7 @@ def forward_hidden(
   cache=None,
   cache_index=None,
   attn_window: int | None = None,
+  causal_cache: bool = True,
   numerics: Numerics | None = None,
   lora=None,
   remat: bool = False,
@@ -563,11 +564,12 @@ def forward_hidden(
       raise ValueError(f"{T} tokens do not fit a cache of {cache.max_len} slots")
     if isinstance(cache_index, int) and not 0 <= cache_index <= cache.max_len - T:
       raise ValueError(f"cache_index {cache_index} + {T} tokens overruns a cache of {cache.max_len} slots")
-    if jnp.ndim(cache_index) == 1 and (jnp.shape(cache_index) != (B,) or T != 1):
+    if jnp.ndim(cache_index) != 0:
       raise ValueError(
-        f"a per-row cache_index must be [B] = [{B}] with one new token per row; got shape "
-        f"{jnp.shape(cache_index)} with T = {T}"
+        f"cache_index must be an int scalar (one slot for every row); got shape {jnp.shape(cache_index)}"
       )
+    if not causal_cache and T != 1:
+      raise ValueError(f"causal_cache=False is a one-token decode step; got T = {T}")
     if attn_window is not None and not (isinstance(attn_window, int) and T <= attn_window <= cache.max_len):
       raise ValueError(f"attn_window={attn_window!r} must be an int in [{T}, {cache.max_len}] (the cache's slots)")
   elif attn_window is not None:
@@ -601,22 +603,16 @@ def forward_hidden(
     new_cache = None
   else:
     idx = jnp.asarray(cache_index, jnp.int32)
-    per_row = idx.ndim == 1  # one slot per row (a continuous-batching engine's rows sit at different lengths)
-    rows = jnp.arange(B, dtype=jnp.int32)
-    if per_row:
-      valid_BS = cache.valid_BS.at[rows, idx].set(valid_BT[:, 0])
-      slot_BT = idx[:, None]
-    else:
-      valid_BS = lax.dynamic_update_slice(cache.valid_BS, valid_BT, (jnp.int32(0), idx))
-      slot_BT = jnp.broadcast_to(idx + jnp.arange(T, dtype=jnp.int32), (B, T))
+    valid_BS = lax.dynamic_update_slice(cache.valid_BS, valid_BT, (jnp.int32(0), idx))
     W = cache.max_len if attn_window is None else attn_window  # attend to slots [0, W) only
-    mask_BTS = (jnp.arange(W, dtype=jnp.int32)[None, None, :] <= slot_BT[:, :, None]) & valid_BS[:, None, :W]
+    mask_BTS = valid_BS[:, None, :W]
+    if causal_cache:  # the token at slot j sees the slots <= j
+      slot_T = idx + jnp.arange(T, dtype=jnp.int32)
+      mask_BTS = mask_BTS & (jnp.arange(W, dtype=jnp.int32)[None, None, :] <= slot_T[None, :, None])
     fp8 = cache.k_scale is not None
     zero = jnp.int32(0)
 
-    def put(c, new, i):  # write the new tokens' entries of layer i at their slots
-      if per_row:
-        return c.at[i, rows, idx].set(new[:, 0].astype(c.dtype))
+    def put(c, new, i):  # write the new tokens' entries of layer i at their slots (in place)
       return lax.dynamic_update_slice(c, new.astype(c.dtype)[None], (i, zero, idx) + (zero,) * (c.ndim - 3))
 
     def body(carry, xs):
@@ -676,6 +672,7 @@ def forward(
   cache: KVCache | None = None,
   cache_index=None,
   attn_window: int | None = None,
+  causal_cache: bool = True,
   numerics: Numerics | None = None,
   lora=None,
   remat: bool = False,
@@ -692,10 +689,13 @@ def forward(
     cache: a `KVCache`. The T new tokens are written at slots [cache_index, cache_index + T)
       (marked valid where valid_BT), and the token at slot j attends to the valid slots ≤ j.
       Without a cache, token t attends to the valid tokens ≤ t of this call.
-    cache_index: the slot of the first new token (required with a cache): an int scalar for every row, or int [B],
-      one slot per row, with one new token per row (T = 1: a decode step of rows at different lengths).
+    cache_index: the slot of the first new token (required with a cache), an int scalar: the same for every row.
     attn_window: attend to the cache's slots [0, attn_window) only (static; every valid slot and every write must
       lie below it): decode over the filled part of a preallocated cache. None: every slot.
+    causal_cache: False (a one-token decode step only): the new token attends to every valid slot of the cache,
+      wherever it lies, instead of the valid slots <= cache_index. The rollout engine writes all its rows at one
+      shared ring column (rows at different lengths, an in-place update), so a row's past lies on both sides of it;
+      a slot is excluded by its valid bit alone (a freed row's slots are invalidated when it is reused).
     numerics: a `Numerics` (the learner's QAT rules and warm-up α, the sampler's FP8 activations), or None:
       the matmuls in `cfg.dtype` on the kernels as they are (float, or served QArrays).
     lora: a `models.lora.Lora` (adapters added to the selected layer kernels), or None.
@@ -713,6 +713,7 @@ def forward(
     cache=cache,
     cache_index=cache_index,
     attn_window=attn_window,
+    causal_cache=causal_cache,
     numerics=numerics,
     lora=lora,
     remat=remat,

@@ -8,14 +8,19 @@
      logits with the row's key, as the static batch draws it.
   2. Decode, one `lax.while_loop` on device: S slots, each holding one request. Every iteration first admits
      requests, in request order, into the free slots (a slot's prompt part of the cache is copied from the bank,
-     the rest of its row invalidated), then runs one decode step for every slot, each row at its own cache slot
-     (a per-row `cache_index`) and RoPE position. A slot is freed when its request emits EOS or reaches
-     `max_new_tokens`, and takes the next request at the next iteration. No host round trip per token or per
-     admission.
-  3. Attention reads only the filled part of the cache: the loop runs in phases of static windows W (the prompt
-     slots plus 16, 32, 64, … generated slots, up to all of them), each a compiled `while_loop` that hands over to
-     the next window when some slot's next write would fall outside it. A run compiles the prefill, one program
-     per window it reaches and the final assembly: for P + N = 36 + 32, two decode programs (W = 52, 68).
+     the rest of its row invalidated), then runs one decode step for every slot, each row at its own RoPE
+     position. A slot is freed when its request emits EOS or reaches `max_new_tokens`, and takes the next request
+     at the next iteration. No host round trip per token or per admission.
+  3. The generated part of the cache is a ring of N columns that every row writes at once: iteration j writes
+     column P + (j mod N) of every slot (one in-place update, as the static batch's decode; a per-row slot made
+     XLA:CPU copy the whole cache per layer: 1.6x the step time at SmolLM2-135M shapes). A request writes at most
+     N − 1 consecutive iterations, so it never overwrites its own past; attention takes every valid slot of the
+     row (decoder `causal_cache=False`): keys carry their RoPE positions, so where a key sits does not matter.
+  4. Attention reads only the filled part of the cache: the loop runs in phases of static windows W (the prompt
+     slots plus 16, 32, 64, … generated columns, up to all N), each a compiled `while_loop`; phase W runs the
+     iterations j < W − P (every column written so far lies below W), the last one until every request is done.
+     A run compiles the prefill, one program per window it reaches and the final assembly: for P + N = 36 + 32,
+     two decode programs (W = 52, 68).
 
 Invariance: request r's tokens are drawn with fold_in(key_r, t) from logits computed from its own prompt and
 tokens only: rows never mix (attention is per row, masked slots add exact zeros), so which slot it ran in, when it
@@ -107,6 +112,7 @@ def _start(
     "last": jnp.zeros((S,), jnp.int32),  # its last token (the next decode step's input)
     "pos0": jnp.zeros((S,), jnp.int32),  # RoPE position of its token 0 (its prompt's valid length)
     "next": jnp.zeros((), jnp.int32),  # the next request to admit
+    "j": jnp.zeros((), jnp.int32),  # decode iterations so far (the ring column: P + j mod N)
     "tok": jnp.full((R, N), sampling.pad_id, jnp.int32),
     "lp": jnp.zeros((R, N), jnp.float32),
     "mask": jnp.zeros((R, N), bool),
@@ -196,30 +202,28 @@ def _admit(state, bank: KVCache, first, *, G: int, P: int, N: int, sampling: Sam
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "act_spec", "group_size", "window"))
 def _phase(params, state, bank, first, keys_R, *, cfg: ModelConfig, sampling, act_spec, lora, group_size, window):
-  """Admit-and-decode iterations attending to cache slots [0, window), until every request is done or some slot's
-  next write would fall outside the window."""
+  """Admit-and-decode iterations attending to cache slots [0, window), until every request is done or (a window
+  short of all N generated columns) the next ring column would fall outside it."""
   P, N, R = bank.max_len, sampling.max_new_tokens, first["tok0"].shape[0]
   numerics = Numerics(act_spec=act_spec)
 
-  def need(s):  # the highest cache slot the next iteration writes (the prompt's slots for a slot to be admitted)
-    return jnp.max(jnp.where(s["live"], P + s["t"] - 1, P))
-
   def cond(s):
-    return (jnp.any(s["live"]) | (s["next"] < R)) & (need(s) < window)
+    busy = jnp.any(s["live"]) | (s["next"] < R)
+    return busy if window == P + N else busy & (s["j"] < window - P)
 
   def body(s):
     s = _admit(s, bank, first, G=group_size, P=P, N=N, sampling=sampling)
     live, t = s["live"], s["t"]
-    idx = jnp.where(live, P + t - 1, 0)  # the slot token t − 1 is written at (idle rows: slot 0, masked)
-    h, cache = forward_hidden(
+    h, cache = forward_hidden(  # token t − 1 of every live row at the ring column (idle rows: written invalid)
       params,
       s["last"][:, None],
       cfg,
       positions_BT=(s["pos0"] + t - 1)[:, None],
       valid_BT=live[:, None],
       cache=s["cache"],
-      cache_index=idx,
+      cache_index=P + s["j"] % N,
       attn_window=window,
+      causal_cache=False,
       numerics=numerics,
       lora=lora,
     )
@@ -231,6 +235,7 @@ def _phase(params, state, bank, first, keys_R, *, cfg: ModelConfig, sampling, ac
     return dict(
       s,
       cache=cache,
+      j=s["j"] + 1,
       t=t + live,
       last=jnp.where(live, tok, s["last"]),
       live=live & ~_is_eos(tok, sampling) & (t + 1 < first["limit"][r]),

@@ -11,8 +11,17 @@ from lrl_jax.models import ModelConfig
 from lrl_jax.sampler import SamplingConfig
 from tests._fp_bound import rounding_bound
 
-CFG = ModelConfig(arch="llama", vocab_size=101, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-                  num_kv_heads=2, rope_theta=1000.0, tie_word_embeddings=True)
+CFG = ModelConfig(
+  arch="llama",
+  vocab_size=101,
+  hidden_size=64,
+  intermediate_size=96,
+  num_layers=2,
+  num_heads=4,
+  num_kv_heads=2,
+  rope_theta=1000.0,
+  tie_word_embeddings=True,
+)
 GREEDY = SamplingConfig(max_new_tokens=8, temperature=0.0, pad_id=0)
 PROMPTS = [[5, 17, 23, 42, 8], [61, 9, 30], [77, 3, 14, 55]]  # lengths 5, 3, 4
 F32 = jnp.float32  # f32 KV cache in the exactness tests (the default bf16 cache rounds keys/values)
@@ -87,11 +96,13 @@ def draw_logprob_bound(params, r, sampling, n, *, lora=None):
   value: two runs differ by at most the sum of their bounds. The weights are taken as f32 roundings (an ulp
   each): that covers NVFP4's ŵ = fl(e2m1·s_b·dec), whose dec the served dot applies after the K sum.
   """
+
   def fn(p, tokens, valid):
     logits, _ = models.forward(p, tokens, CFG, valid_BT=valid, lora=lora)
     prev = jnp.maximum(sampler.predictor_index(valid), 0)[:, -n:]
     z = jnp.take_along_axis(logits, prev[:, :, None], axis=1)
     return sampler.sampling_logprobs(z.reshape(-1, z.shape[-1]), sampling).reshape(z.shape)
+
   return rounding_bound(fn, params, np.asarray(r.tokens), np.asarray(r.valid), rounded_args=(0,))
 
 
@@ -108,7 +119,7 @@ def assert_draws_are_stable(b, r, sampling, key, n):
     g = rounding_bound(lambda k: jax.vmap(lambda kk: jax.random.gumbel(kk, (V,)))(k), keys.reshape(-1))
     g.assert_stable()
     score = score + g.out.reshape(score.shape)
-    err = err + g.err.reshape(score.shape) + 2.0 ** -24 * np.abs(score)  # and fl(logp + g)
+    err = err + g.err.reshape(score.shape) + 2.0**-24 * np.abs(score)  # and fl(logp + g)
   y = score.argmax(-1)
   np.testing.assert_array_equal(y[m], tok[m])  # this replica draws what the sampler drew
   gap = np.take_along_axis(score, y[..., None], -1) - score
@@ -150,8 +161,9 @@ def test_left_right_and_unpadded_prompts_generate_the_same(params):
   assert_within(ll, lr, el + er)
   assert ml.all() and mr.all() and np.all(np.asarray(rl.lengths) == GREEDY.max_new_tokens)
   for i in (0, 1):  # a batch of one, no padding at all
-    ru = sampler.generate(params, np.asarray([PROMPTS[i]]), np.ones((1, len(PROMPTS[i])), bool), CFG, GREEDY, key,
-                          cache_dtype=F32)
+    ru = sampler.generate(
+      params, np.asarray([PROMPTS[i]]), np.ones((1, len(PROMPTS[i])), bool), CFG, GREEDY, key, cache_dtype=F32
+    )
     tu, lu, _ = completions(ru)
     np.testing.assert_array_equal(tu[0], tl[i])
     assert_within(lu[0], ll[i], 2 * el[i])
@@ -222,6 +234,7 @@ def test_sampled_generation_mu_is_the_truncated_logprob_of_its_own_logits(params
   assert_within(np.asarray(r.sampler_logp)[:, 1:][m], want, tol[m])
 
 
+@pytest.mark.slow  # the engine's tests (the RL loop's path) check a request alone and in company in the default suite
 def test_seed_per_request_is_independent_of_the_batch(params):
   s = SamplingConfig(max_new_tokens=6, temperature=1.0)
   toks, valid = pad(PROMPTS, "left")
@@ -303,8 +316,15 @@ def test_sharded_generation_equals_unsharded(params):
   q = sharded["layers"]["attn"]["q_proj"]["kernel"]
   assert q.codes.sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor")
   assert sharded["layers"]["attn"]["o_proj"]["kernel"].codes.sharding.spec[1] == "tensor"
-  got = sampler.generate(sharded, sampler.shard_batch(jnp.asarray(toks), mesh),
-                         sampler.shard_batch(jnp.asarray(valid), mesh), CFG, s, jax.random.key(6), cache_dtype=F32)
+  got = sampler.generate(
+    sharded,
+    sampler.shard_batch(jnp.asarray(toks), mesh),
+    sampler.shard_batch(jnp.asarray(valid), mesh),
+    CFG,
+    s,
+    jax.random.key(6),
+    cache_dtype=F32,
+  )
   # Tensor parallelism reorders the f32 sums (o_proj / down_proj partial sums and a psum): both runs lie within
   # the rounding bound of the exact log-probs, and no draw is near enough a tie to flip.
   b = draw_logprob_bound(served, want, s, 6)
@@ -313,8 +333,9 @@ def test_sharded_generation_equals_unsharded(params):
   assert_within(got.sampler_logp, want.sampler_logp, 2 * drawn_err(b, want, 6))
 
 
-@pytest.mark.parametrize("spec", [quant.Int4(group_size=32), pytest.param(quant.NVFP4(), marks=pytest.mark.slow)],
-                         ids=lambda s: s.name)  # NVFP4: the same XLA path on CPU (linear_layout of every format: test_linear)
+@pytest.mark.parametrize(
+  "spec", [quant.Int4(group_size=32), pytest.param(quant.NVFP4(), marks=pytest.mark.slow)], ids=lambda s: s.name
+)  # NVFP4: the same XLA path on CPU (linear_layout of every format: test_linear)
 def test_linear_layout_serving_generates_what_kn_serving_does(params, spec):
   """serve_params(layout="linear") stores every QArray as [.., N, K] (the same codes, transposed) and the decoder
   runs it through qlinear: the same rollouts, sharded too (the tensor axis follows the transposed dimension)."""
@@ -336,9 +357,17 @@ def test_linear_layout_serving_generates_what_kn_serving_does(params, spec):
   mesh = jax.make_mesh((2, 4), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   sharded = sampler.shard_params(lin, mesh)
   assert sharded["layers"]["attn"]["q_proj"]["kernel"].codes.sharding.spec == jax.sharding.PartitionSpec(
-      None, "tensor", None)  # [L, H·Dh, D/2]: heads on the tensor axis, as [L, D/2, H·Dh] had them last
-  got = sampler.generate(sharded, sampler.shard_batch(jnp.asarray(toks), mesh),
-                         sampler.shard_batch(jnp.asarray(valid), mesh), CFG, s, jax.random.key(5), cache_dtype=F32)
+    None, "tensor", None
+  )  # [L, H·Dh, D/2]: heads on the tensor axis, as [L, D/2, H·Dh] had them last
+  got = sampler.generate(
+    sharded,
+    sampler.shard_batch(jnp.asarray(toks), mesh),
+    sampler.shard_batch(jnp.asarray(valid), mesh),
+    CFG,
+    s,
+    jax.random.key(5),
+    cache_dtype=F32,
+  )
   np.testing.assert_array_equal(got.tokens, want.tokens)
   with pytest.raises(ValueError, match="layout must be one of"):
     sampler.serve_params(params, spec, layout="nk")
@@ -360,17 +389,18 @@ def test_bad_input_is_named():
     sampler.row_keys(jax.random.split(jax.random.key(0), 2), 3)
 
 
+@pytest.mark.slow  # LoRA over NVFP4 in the default suite: tests/models/test_lora.py, tests/learner/test_learner_step.py
 def test_generation_with_lora_over_an_nvfp4_base(params):
   """QeRL serving: a frozen NVFP4 base plus float adapters; μ is the teacher-forced log-prob of the
   same base + adapters (the learner's π in LoRA-only training), and the adapters change the output."""
   served = sampler.serve_params(params, quant.NVFP4(), dtype=jnp.float32)
   lora = models.init_lora(CFG, models.LoraConfig(rank=4, alpha=8.0, targets="(q|v|up)_proj"), jax.random.key(1))
   lora.params["layers"]["mlp"]["up_proj"]["b"] = 0.5 * jax.random.normal(
-      jax.random.key(2), lora.params["layers"]["mlp"]["up_proj"]["b"].shape)
+    jax.random.key(2), lora.params["layers"]["mlp"]["up_proj"]["b"].shape
+  )
   toks, valid = pad(PROMPTS, "left")
   r = sampler.generate(served, toks, valid, CFG, GREEDY, jax.random.key(0), cache_dtype=F32, lora=lora)
-  logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(served, r.tokens, CFG, valid_BT=r.valid,
-                                                                lora=lora)
+  logits, _ = jax.jit(models.forward, static_argnames=("cfg",))(served, r.tokens, CFG, valid_BT=r.valid, lora=lora)
   prev = np.maximum(np.asarray(sampler.predictor_index(np.asarray(r.valid))), 0)[:, 1:]
   tf = np.take_along_axis(np.asarray(logits, np.float64), prev[:, :, None], axis=1)
   m = np.asarray(r.loss_mask)[:, 1:]
