@@ -37,8 +37,12 @@ def _numerics(args) -> int:
 
 
 def _bench(args, rest) -> int:
+  if args.what == "sampler":
+    from lrl_jax.sampler import bench as sampler_bench  # noqa: PLC0415
+
+    return sampler_bench.engine_bench(rest) or 0
   if args.what != "kernels":
-    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels")
+    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels, sampler")
   from lrl_jax.kernels import bench  # noqa: PLC0415
 
   return bench.main(rest) or 0
@@ -67,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--repeats", type=int, default=3)
-  p = sub.add_parser("bench", help="benchmarks: `lrl-jax bench kernels [--quick ...]`")
-  p.add_argument("what", choices=["kernels"])
+  p = sub.add_parser("bench", help="benchmarks: `lrl-jax bench kernels [--quick ...]`, `lrl-jax bench sampler [...]`")
+  p.add_argument("what", choices=["kernels", "sampler"])
   args, rest = parser.parse_known_args(argv)
   if args.command == "numerics":
     if rest:
