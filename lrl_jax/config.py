@@ -250,6 +250,8 @@ class TaskSection(Schema):
   system_prompt: str | None = None  # chat system turn; null = SmolLM2's default
   user_template: str = "{prompt}"  # str.format template of the user text, with a {prompt} field
   eval_size: int = 128  # prompts per evaluation
+  holdout: float = 0.0  # arithmetic: fraction of problems kept for eval only (disjoint from training; fixed eval set)
+  transfer_digits: tuple[int, ...] = ()  # arithmetic: extra eval sets with these operand digits (before / after RL)
   reward_timeout_s: float | None = 1.0  # per-sample reward timeout in seconds; null = none
 
   def _validate(self):
@@ -258,6 +260,8 @@ class TaskSection(Schema):
     self._check(0 <= self.format_reward < 1, "format_reward", "must be in [0, 1)")
     self._check("{prompt}" in self.user_template, "user_template", "must contain {prompt}")
     self._check(self.eval_size >= 1, "eval_size", "must be >= 1")
+    self._check(0 <= self.holdout < 1, "holdout", "must be in [0, 1)")
+    self._check(all(1 <= d <= 9 for d in self.transfer_digits), "transfer_digits", "must be digits in [1, 9]")
     self._check(self.reward_timeout_s is None or self.reward_timeout_s > 0, "reward_timeout_s", "must be > 0 or null")
     self._check(self.name != "gsm8k" or self.path is not None, "path", "is required for task.name=gsm8k")
 
@@ -274,6 +278,9 @@ class RunSection(Schema):
   batch_prompts: int = 16  # prompts per RL step (each sampled G times)
   sft_batch: int | None = None  # sequences per supervised step; null = batch_prompts × sampler.group_size
   sft_lr: float | None = None  # constant learning rate of the supervised warm-up; null = learner.lr
+  recover_steps: int = 0  # QAT recovery before RL: steps distilling the float model into its quantized copy
+  recover_lr: float | None = None  # constant learning rate of the recovery; null = learner.lr
+  recover_eval_every: int = 0  # recovery steps between evaluations of the served weights (0 = none during it)
   eval_every: int = 10  # RL steps between evaluations (0 = only before and after RL)
   ckpt_every: int = 0  # RL steps between checkpoints (0 = only at the end)
   out_dir: str = "runs/default"  # metrics, plots, checkpoints and the resolved config go here
@@ -282,11 +289,12 @@ class RunSection(Schema):
 
   def _validate(self):
     self._check(self.seed >= 0, "seed", "must be >= 0")
-    for name in ("steps", "sft_steps", "eval_every", "ckpt_every"):
+    for name in ("steps", "sft_steps", "eval_every", "ckpt_every", "recover_steps", "recover_eval_every"):
       self._check(getattr(self, name) >= 0, name, "must be >= 0")
     self._check(self.batch_prompts >= 1, "batch_prompts", "must be >= 1")
     self._check(self.sft_batch is None or self.sft_batch >= 1, "sft_batch", "must be >= 1 or null")
     self._check(self.sft_lr is None or self.sft_lr > 0, "sft_lr", "must be > 0 or null")
+    self._check(self.recover_lr is None or self.recover_lr > 0, "recover_lr", "must be > 0 or null")
     self._check(bool(self.out_dir), "out_dir", "must not be empty")
     self._check(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
 
@@ -294,8 +302,11 @@ class RunSection(Schema):
 # --------------------------------------------------------------------------- the whole config
 
 
-def _learner_given(quant_s: QuantSection, run: RunSection, learner: Mapping[str, Any] | LearnerConfig) -> dict:
-  """The `set_by` fields of the learner: QAT spec and targets from `quant`, the cosine length from `run`."""
+def _learner_given(
+  quant_s: QuantSection, sampler: SamplerSection, run: RunSection, learner: Mapping[str, Any] | LearnerConfig
+) -> dict:
+  """The `set_by` fields of the learner: QAT spec and targets from `quant`, the temperature π is computed at from
+  `sampler` (that of μ; 1 for greedy rollouts, as μ is then reported), the cosine length from `run`."""
   get = (
     (lambda k: getattr(learner, k))
     if isinstance(learner, LearnerConfig)
@@ -307,7 +318,8 @@ def _learner_given(quant_s: QuantSection, run: RunSection, learner: Mapping[str,
       total = max(run.steps * int(get("minibatches")), int(get("warmup_steps")) + 1)
   except (TypeError, ValueError):  # a mistyped value: the learner's own check names it
     pass
-  return {"qat": quant_s.learner_spec, "qat_targets": quant_s.targets, "total_steps": total}
+  temperature = sampler.temperature if sampler.temperature > 0 else 1.0
+  return {"qat": quant_s.learner_spec, "qat_targets": quant_s.targets, "total_steps": total, "temperature": temperature}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -325,7 +337,7 @@ class Config:
     for name, cls in SECTIONS.items():
       if not isinstance(getattr(self, name), cls):
         raise ConfigError(f"Config.{name} must be a {cls.__name__}; got {type(getattr(self, name)).__name__}")
-    given = _learner_given(self.quant, self.run, self.learner)
+    given = _learner_given(self.quant, self.sampler, self.run, self.learner)
     if any(getattr(self.learner, k) != v for k, v in given.items()):
       object.__setattr__(self, "learner", self.learner.replace(**given))
     m, q, s, lrn, t, r = self.model, self.quant, self.sampler, self.learner, self.task, self.run
@@ -333,6 +345,11 @@ class Config:
       raise ConfigError(
         f"sampler.group_size={s.group_size} must be >= 2 for learner.policy_loss={lrn.policy_loss} "
         "(group advantages compare completions of one prompt)"
+      )
+    if r.recover_steps and (q.learner == "none" or lrn.lora is not None):
+      raise ConfigError(
+        f"run.recover_steps={r.recover_steps} distils the float model into its QAT copy: it needs quant.learner "
+        f"set (got {q.learner!r}) and full fine-tuning (learner.lora null)"
       )
     rollouts, split = r.batch_prompts * s.group_size, lrn.minibatches * lrn.micro_batches
     if rollouts % split:
@@ -388,7 +405,7 @@ class Config:
     try:
       built = {name: SECTIONS[name].from_mapping(values[name]) for name in SECTIONS if name != "learner"}
       built["learner"] = LearnerConfig.from_mapping(
-        values["learner"], **_learner_given(built["quant"], built["run"], values["learner"])
+        values["learner"], **_learner_given(built["quant"], built["sampler"], built["run"], values["learner"])
       )
       return cls(**built)
     except ConfigError as e:

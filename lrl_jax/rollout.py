@@ -40,6 +40,10 @@ class Rollout:
       detached (one update per batch, no correction).
     ref_logp: f32 [B, T] log π_ref of the frozen reference policy (KL penalty), or None.
     group_size: G, completions per prompt, rows of a group contiguous (1: ungrouped, e.g. a minibatch of rows).
+    prompt_len: P (static), where the completions start: slots [0, P) hold the prompt (no loss_mask there), and
+      the G rows of a group hold the same prompt there (the sampler's layout). The learner computes logits only
+      for the slots >= P and, for G > 1, runs each group's prompt once (`learner.LearnerConfig.share_prompt`).
+      0: unknown (logits everywhere, no sharing).
   """
 
   tokens: jax.Array
@@ -54,6 +58,7 @@ class Rollout:
   old_logp: jax.Array | None = None
   ref_logp: jax.Array | None = None
   group_size: int = flax.struct.field(pytree_node=False, default=1)
+  prompt_len: int = flax.struct.field(pytree_node=False, default=0)
 
   @property
   def size(self) -> int:
@@ -83,6 +88,8 @@ class Rollout:
       )
     if self.group_size < 1 or bt[0] % self.group_size:
       raise ValueError(f"Rollout.group_size={self.group_size} must divide the batch B={bt[0]}")
+    if not 0 <= self.prompt_len < bt[1]:
+      raise ValueError(f"Rollout.prompt_len={self.prompt_len} must be in [0, T) with [B, T] = {bt}")
 
   def take(self, rows) -> "Rollout":
     """The rollout of rows `rows` (int [R]); a row subset is ungrouped (group_size 1)."""

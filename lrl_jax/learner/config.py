@@ -152,7 +152,9 @@ class LearnerConfig(Schema):
   minibatches: int = 1  # K: each rollout batch is split into K minibatches, one optimizer update each
   micro_batches: int = 1  # gradient-accumulation splits of each minibatch (exact: same loss and gradient)
   compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
+  temperature: float = set_by("sampler.temperature", 1.0)  # π = softmax(logits / T), the distribution μ samples
   remat: bool = False  # recompute each decoder block in the backward pass (saves memory)
+  share_prompt: bool = True  # run a group's shared prompt once for its G rows (exact up to the order of float sums)
   lora: LoraConfig | None = None  # train LoRA adapters over the frozen (possibly low-bit) base; null = full fine-tuning
   qat: quant.Spec | None = set_by("quant.learner")  # format of the QAT forward (fake quant of what is served)
   qat_targets: str = set_by("quant.targets", quant.DEFAULT_TARGETS)  # regex on the kernels QAT fake-quantizes
@@ -195,6 +197,7 @@ class LearnerConfig(Schema):
         "total_steps",
         "must be a positive int or None",
       )
+    self._check(self.temperature > 0, "temperature", "must be > 0 (greedy rollouts report μ at 1)")
     self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
     self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
     self._check(

@@ -46,11 +46,21 @@ from lrl_jax.learner.state import (
   trainable_params,
 )
 from lrl_jax.losses import Max, Mean
-from lrl_jax.models import ACTIVATION_AXES, Lora, ModelConfig, Numerics, forward_hidden, logits_from_hidden
+from lrl_jax.models import (
+  ACTIVATION_AXES,
+  Lora,
+  ModelConfig,
+  Numerics,
+  forward_hidden,
+  forward_hidden_grouped,
+  logits_from_hidden,
+)
 from lrl_jax.rollout import Rollout
 
 __all__ = [
   "logprobs_from_logits",
+  "logprobs_from_hidden",
+  "completion_logits",
   "token_logprobs",
   "group_advantages",
   "gae_targets",
@@ -123,20 +133,89 @@ def _numerics(cfg: LearnerConfig, qat_alpha) -> Numerics:
   return Numerics(qat_rules=cfg.qat_rules, qat_alpha=qat_alpha)
 
 
+def _hidden(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, numerics: Numerics, remat: bool = False):
+  """hidden [B, T, D] of the rollout's rows; a grouped rollout runs each group's shared prompt once."""
+  common = dict(positions_BT=r.positions, valid_BT=r.valid, numerics=numerics, lora=lora, remat=remat)
+  if cfg.share_prompt and r.group_size > 1 and r.prompt_len > 0:
+    h, _ = forward_hidden_grouped(params, r.tokens, mcfg, group_size=r.group_size, prompt_len=r.prompt_len, **common)
+  else:
+    h, _ = forward_hidden(params, r.tokens, mcfg, **common)
+  return h
+
+
+def _predicting_logits(params, h_BTD, valid_BT, mcfg: ModelConfig, start: int, temperature: float):
+  """(z f32 [B, T − start, V], has_prev bool [B, T − start]): z[:, n] = logits / T at the last valid slot before slot
+  start + n, which predicts its token (has_prev False where that token is padding or has no valid token before it)."""
+  B, T, _ = h_BTD.shape
+  valid_BT = jnp.ones((B, T), bool) if valid_BT is None else jnp.asarray(valid_BT).astype(bool)
+  prev, _ = _prev_next(valid_BT)
+  prev, has_prev = prev[:, start:], (valid_BT & (prev >= 0))[:, start:]
+  h = jnp.take_along_axis(h_BTD, jnp.maximum(prev, 0)[..., None], axis=1)  # [B, N, D]: the predicting slots
+  z = logits_from_hidden(params, h, mcfg)  # f32 [B, N, V]
+  z = nn.with_logical_constraint(z, ACTIVATION_AXES["logits_BTV"])
+  if temperature != 1.0:
+    z = z / temperature  # as the sampler's μ: log softmax(logits / T)
+  return z, has_prev
+
+
+def logprobs_from_hidden(
+  params,
+  h_BTD,
+  tokens_BT,
+  valid_BT,
+  mcfg: ModelConfig,
+  *,
+  start: int = 0,
+  temperature: float = 1.0,
+  with_entropy: bool = False,
+):
+  """log π of each token t >= `start` (and the entropy of the distribution that predicted it) from the hidden state
+  at its previous valid slot; 0 before `start`, where token t is padding or has no valid token before it.
+  π = softmax(logits / `temperature`): the distribution a sampler at that temperature draws from.
+
+  The logits [B, T − start, V] are computed only for the slots that score a token at or after `start` (a rollout's
+  completions: `Rollout.prompt_len`); the same numbers as `logprobs_from_logits` on the full logits, row for row.
+  """
+  B = h_BTD.shape[0]
+  z, has_prev = _predicting_logits(params, h_BTD, valid_BT, mcfg, start, temperature)
+  lse = jax.nn.logsumexp(z, axis=-1)
+  picked = jnp.take_along_axis(z, tokens_BT[:, start:, None].astype(jnp.int32), axis=-1)[..., 0]
+  pad = lambda x: jnp.concatenate([jnp.zeros((B, start), jnp.float32), jnp.where(has_prev, x, 0.0)], axis=1)
+  logp = pad(picked - lse)
+  if not with_entropy:
+    return logp
+  return logp, pad(losses.entropy_from_logits(z, has_prev))
+
+
+def completion_logits(
+  params,
+  rollout: Rollout,
+  model_cfg: ModelConfig,
+  *,
+  cfg: LearnerConfig | None = None,
+  lora: Lora | None = None,
+  step=None,
+) -> tuple[jax.Array, jax.Array]:
+  """The learner's full next-token distributions over a rollout's completions (for distillation and analysis).
+
+  Returns:
+    (logits f32 [B, N, V], has_prev bool [B, N]) with N = T − `rollout.prompt_len`: logits[:, n] (divided by
+    `cfg.temperature`) is the distribution that scores token prompt_len + n, under the learner's numerics
+    (compute dtype, QAT at `step` as in `token_logprobs`); has_prev is False where that slot holds no token to score.
+  """
+  mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
+  cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
+  alpha = None if step is None else cfg.qat_alpha(step)
+  h = _hidden(params, lora, rollout, mcfg, cfg, _numerics(cfg, alpha))
+  return _predicting_logits(params, h, rollout.valid, mcfg, rollout.prompt_len, cfg.temperature)
+
+
 def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
   """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
-  h, _ = forward_hidden(
-    params,
-    r.tokens,
-    mcfg,
-    positions_BT=r.positions,
-    valid_BT=r.valid,
-    numerics=_numerics(cfg, cfg.qat_alpha(step)),
-    lora=lora,
-    remat=cfg.remat,
+  h = _hidden(params, lora, r, mcfg, cfg, _numerics(cfg, cfg.qat_alpha(step)), remat=cfg.remat)
+  out = logprobs_from_hidden(
+    params, h, r.tokens, r.valid, mcfg, start=r.prompt_len, temperature=cfg.temperature, with_entropy=with_entropy
   )
-  logits = nn.with_logical_constraint(logits_from_hidden(params, h, mcfg), ACTIVATION_AXES["logits_BTV"])
-  out = logprobs_from_logits(logits, r.tokens, r.valid, with_entropy=with_entropy)
   return (out if with_entropy else (out, None)) + (h,)
 
 
@@ -154,7 +233,8 @@ def token_logprobs(
 
   Args:
     params: model parameters (float masters, or a served tree with QArray kernels).
-    rollout: tokens, valid, positions are used.
+    rollout: tokens, valid, positions are used (and group_size, prompt_len: the completions only are scored, each
+      group's prompt run once).
     model_cfg: the model.
     cfg: learner config giving compute dtype and QAT (None: `model_cfg.dtype`, no QAT).
     lora: adapters, or None.
@@ -164,30 +244,37 @@ def token_logprobs(
   mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
   cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
   alpha = None if step is None else cfg.qat_alpha(step)
-  h, _ = forward_hidden(
-    params,
-    rollout.tokens,
-    mcfg,
-    positions_BT=rollout.positions,
-    valid_BT=rollout.valid,
-    numerics=_numerics(cfg, alpha),
-    lora=lora,
+  h = _hidden(params, lora, rollout, mcfg, cfg, _numerics(cfg, alpha))
+  return logprobs_from_hidden(
+    params, h, rollout.tokens, rollout.valid, mcfg, start=rollout.prompt_len, temperature=cfg.temperature
   )
-  return logprobs_from_logits(logits_from_hidden(params, h, mcfg), rollout.tokens, rollout.valid)
 
 
 # --------------------------------------------------------------------------- micro-batches
 
 
-def _split(x, m: int):
-  """[B, ...] -> [M, B/M, ...]: micro-batch j holds rows j, j + M, j + 2M, ..."""
-  return jnp.swapaxes(x.reshape((x.shape[0] // m, m) + x.shape[1:]), 0, 1)
+def _split(x, m: int, g: int = 1):
+  """[B, ...] -> [M, B/M, ...]: micro-batch j holds the units j, j + M, j + 2M, ... of g consecutive rows (g = 1:
+  rows; g = G: whole groups, so that a micro-batch's groups still share their prompts)."""
+  u = x.reshape((x.shape[0] // (g * m), m, g) + x.shape[1:])
+  return jnp.swapaxes(u, 0, 1).reshape((m, x.shape[0] // m) + x.shape[1:])
 
 
-def _unsplit(x):
+def _unsplit(x, g: int = 1):
   """Inverse of `_split`: [M, B/M, ...] -> [B, ...]."""
-  x = jnp.swapaxes(x, 0, 1)
-  return x.reshape((x.shape[0] * x.shape[1],) + x.shape[2:])
+  m, r = x.shape[:2]
+  u = jnp.swapaxes(x.reshape((m, r // g, g) + x.shape[2:]), 0, 1)
+  return u.reshape((m * r,) + x.shape[2:])
+
+
+def _micro_batches(batch: Rollout, m: int, cfg: LearnerConfig) -> tuple[Rollout, int]:
+  """(batch split into m micro-batches [M, B/M, ...], g): whole groups per micro-batch (g = G) when its rows can
+  share their prompts (`LearnerConfig.share_prompt`), else rows interleaved (g = 1, micro-batches ungrouped)."""
+  G = batch.group_size
+  g = G if cfg.share_prompt and G > 1 and batch.prompt_len > 0 and (batch.size // G) % m == 0 else 1
+  if g == 1:
+    batch = batch.replace(group_size=1)
+  return jax.tree_util.tree_map(lambda x: _split(x, m, g), batch), g
 
 
 def _check_micro(B: int, m: int):
@@ -325,7 +412,8 @@ def prepare_rollout(
   new: dict[str, Any] = {}
   if want_old or want_values or want_ref:
     with _mesh_ctx(mesh):
-      new = {k: _unsplit(v) for k, v in lax.map(one, jax.tree_util.tree_map(lambda x: _split(x, M), rollout)).items()}
+      mbs, g = _micro_batches(rollout, M, cfg)
+      new = {k: _unsplit(v, g) for k, v in lax.map(one, mbs).items()}
   rollout = rollout.replace(**new)
   if rollout.advantages is None:
     if rollout.rewards is None:
@@ -514,8 +602,8 @@ def train_step(
   with _mesh_ctx(mesh):
     weights, new_acrl, corr_metrics = _corrections(state, batch, cfg)
     denom = _denom(batch.loss_mask, cfg.agg)
-    mbs = jax.tree_util.tree_map(lambda x: _split(x, M), batch)
-    w_mbs = None if weights is None else _split(weights, M)
+    mbs, g = _micro_batches(batch, M, cfg)
+    w_mbs = None if weights is None else _split(weights, M, g)
     grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
 
     def body(carry, xs):
@@ -529,7 +617,7 @@ def train_step(
     (grads, loss), (metrics, sums, logp_mbs) = lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), (mbs, w_mbs))
     metrics = _reduce_stacked(metrics)
     metrics.update({k: jnp.sum(v, axis=0) for k, v in sums.items()})
-    logp = _unsplit(logp_mbs)
+    logp = _unsplit(logp_mbs, g)
     mismatch = losses.mismatch_metrics(logp, batch.sampler_logp, batch.loss_mask)
 
     grad_norm = optax.tree.norm(grads)

@@ -7,7 +7,7 @@ combine across micro-batches and hosts (`merge_metrics`, `finalize_metrics`).
 
 Modules: `advantages` (GRPO, Dr.GRPO, RLOO, GAE), `policy` (PPO/DAPO/GRPO/Dr.GRPO
 surrogate, GSPO, KL, entropy), `corrections` (TIS, MIS, ACRL), `value` (quantized
-advantage estimation), `metrics` (train-inference mismatch), `aggregation`.
+advantage estimation), `metrics` (train-inference mismatch), `distill` (teacher -> student KL), `aggregation`.
 Formulas and sources: lrl_jax/losses/README.md.
 """
 
@@ -37,6 +37,7 @@ from lrl_jax.losses.corrections import (
   mis_weights,
   tis_weights,
 )
+from lrl_jax.losses.distill import distill_kl
 from lrl_jax.losses.metrics import mismatch_metrics
 from lrl_jax.losses.policy import KLEstimator, entropy_from_logits, gspo_loss, kl_penalty, ppo_loss
 from lrl_jax.losses.value import (
@@ -89,4 +90,5 @@ __all__ = [
   "smooth_advantages",
   # metrics
   "mismatch_metrics",
+  "distill_kl",
 ]

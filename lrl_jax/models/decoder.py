@@ -65,6 +65,7 @@ __all__ = [
   "init_params",
   "forward",
   "forward_hidden",
+  "forward_hidden_grouped",
   "logits_from_hidden",
   "param_shapes",
   "check_params",
@@ -644,6 +645,91 @@ def forward_hidden(
 
   h = _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt)
   return h, new_cache
+
+
+def forward_hidden_grouped(
+  params,
+  tokens_BT,
+  cfg: ModelConfig,
+  *,
+  group_size: int,
+  prompt_len: int,
+  positions_BT=None,
+  valid_BT=None,
+  numerics: Numerics | None = None,
+  lora=None,
+  remat: bool = False,
+):
+  """`forward_hidden` (no cache) of rows whose groups share a prompt, running each prompt once: (hidden_BTD, None).
+
+  Rows r·G … r·G + G − 1 (G = `group_size`) must hold the same tokens, validity and positions in their first P =
+  `prompt_len` slots (the sampler's rollouts do: G completions of one prompt). Per layer, the B/G prompts run as
+  [B/G, P] rows, then the B completions as [B, T − P] rows that attend to their prompt's keys and values (repeated
+  G times) and to their own causally; the prompt part of the result is repeated back to [B, P, D]. Every term of
+  every sum is the one `forward_hidden` computes (a prompt token's attention sees only its prompt), so the result
+  equals it up to the order XLA adds in; the gradient through the repeat sums the G rows' contributions. The
+  matmuls see B/G·P + B·(T − P) rows instead of B·T: for GRPO's G = 8 and a prompt as long as its completions,
+  about 1.8x fewer.
+  """
+  numerics = Numerics() if numerics is None else numerics
+  tokens_BT = jnp.asarray(tokens_BT)
+  B, T = tokens_BT.shape
+  G, P = int(group_size), int(prompt_len)
+  if G < 1 or B % G:
+    raise ValueError(f"forward_hidden_grouped: group_size={group_size} must divide the batch B={B}")
+  if not 0 < P < T:
+    raise ValueError(f"forward_hidden_grouped: prompt_len={prompt_len} must be in [1, T) with T={T}")
+  dt = cfg.compute_dtype
+  valid_BT = jnp.ones((B, T), bool) if valid_BT is None else jnp.asarray(valid_BT).astype(bool)
+  if positions_BT is None:
+    positions_BT = _default_positions(valid_BT, None)
+  positions_BT = jnp.asarray(positions_BT)
+  for name, x in (("valid_BT", valid_BT), ("positions_BT", positions_BT)):
+    if x.shape != (B, T):
+      raise ValueError(f"forward_hidden_grouped: {name} shape {x.shape} != tokens_BT shape {(B, T)}")
+  specs = _qat_specs(numerics.qat_rules, params, numerics.act_spec)
+  if numerics.qat_alpha is not None and numerics.qat_rules is not None:
+    specs["alpha"] = jnp.asarray(numerics.qat_alpha, jnp.float32)
+  lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
+
+  first = lambda x: x[::G, :P]  # the prompt of each group: its first row's slots [0, P)
+  valid_p, valid_c = first(valid_BT), valid_BT[:, P:]
+  pos_p, pos_c = first(positions_BT), positions_BT[:, P:]
+  N = T - P
+  mask_p = jnp.tril(jnp.ones((P, P), bool))[None] & valid_p[:, None, :]
+  mask_c = jnp.concatenate(
+    [
+      jnp.broadcast_to(jnp.repeat(valid_p, G, axis=0)[:, None, :], (B, N, P)),
+      jnp.tril(jnp.ones((N, N), bool))[None] & valid_c[:, None, :],
+    ],
+    axis=-1,
+  )
+  embed = lambda t: _constrain(jnp.take(params["embed"]["embedding"], t, axis=0, mode="clip").astype(dt), "hidden_BTD")
+  x_p, x_c = embed(first(tokens_BT)), embed(tokens_BT[:, P:])
+
+  def body(carry, xs):
+    x_p, x_c = carry
+    lp, llp = xs
+    kv_p = {}
+
+    def prompt_kv(k, v):
+      kv_p["k"], kv_p["v"] = k, v
+      return k, v, mask_p
+
+    def completion_kv(k, v):
+      keys = jnp.concatenate([jnp.repeat(kv_p["k"], G, axis=0), k], axis=1)
+      values = jnp.concatenate([jnp.repeat(kv_p["v"], G, axis=0), v], axis=1)
+      return keys, values, mask_c
+
+    x_p = _layer(cfg, specs, lora_scale, x_p, lp, llp, pos_p, prompt_kv)
+    x_c = _layer(cfg, specs, lora_scale, x_c, lp, llp, pos_c, completion_kv)
+    return (x_p, x_c), None
+
+  if remat:
+    body = jax.checkpoint(body)
+  (x_p, x_c), _ = lax.scan(body, (x_p, x_c), (params["layers"], lora_params))
+  x = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
+  return _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt), None
 
 
 def logits_from_hidden(params, h_BTD, cfg: ModelConfig):

@@ -90,7 +90,9 @@ def train_main(argv: list[str] | None = None) -> int:
     return EXIT_CONFIG
   if r.accuracy_before is not None and r.accuracy_after is not None:
     print(
-      f"accuracy before RL {100 * r.accuracy_before:.1f}% -> after RL {100 * r.accuracy_after:.1f}%; "
+      f"accuracy before RL {100 * r.accuracy_before:.1f}% -> after RL {100 * r.accuracy_after:.1f}% "
+      f"(95% interval after: [{100 * r.eval_after.get('eval_accuracy_lo', float('nan')):.1f}, "
+      f"{100 * r.eval_after.get('eval_accuracy_hi', float('nan')):.1f}] of {r.eval_after.get('eval_n', '?')}); "
       f"mean |π − μ| {r.mismatch_mean:.3g}; outputs in {r.out_dir}",
       flush=True,
     )

@@ -42,11 +42,11 @@ from lrl_jax import learner as L
 from lrl_jax import models
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
+from lrl_jax.rl.recover import recover
+from lrl_jax.rl.rollouts import encode_prompt_batch, generate_rollout, score_rollout
 from lrl_jax.rl.setup import Setup, build_model, learner_mesh, new_state
 from lrl_jax.rl.sync import merge_lora, sync
 from lrl_jax.rl.warmup import supervised_warmup
-from lrl_jax.rollout import Rollout
-from lrl_jax.sampler import generate
 
 __all__ = ["RunResult", "train", "evaluate", "encode_prompt_batch", "restore_run", "served_weights"]
 
@@ -71,6 +71,7 @@ class RunResult:
     skipped_steps: learner updates skipped for a non-finite loss or gradient.
     wall_s: wall time of this call; paths: where the outputs went (metrics, plots, checkpoints, export).
     records: the RL-step metric records of this call.
+    eval_before, eval_after: the whole `evaluate` records before and after RL (intervals, transfer sets).
   """
 
   out_dir: Path
@@ -85,74 +86,53 @@ class RunResult:
   wall_s: float
   paths: dict[str, str]
   records: list[dict]
+  eval_before: dict = dataclasses.field(default_factory=dict)
+  eval_after: dict = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def encode_prompt_batch(task, prompts) -> tuple[np.ndarray, np.ndarray]:
-  """Left-padded (tokens [B, P], valid [B, P]); P = the task's fixed prompt length, else the longest rounded
-  up to a multiple of 32 (few distinct shapes under jit)."""
-  tok, val = task.encode_prompts(prompts)
-  if task.max_prompt_len is None:
-    P = tok.shape[1]
-    extra = -P % 32
-    if extra:
-      tok = np.pad(tok, ((0, 0), (extra, 0)), constant_values=task.encoder.pad_id)
-      val = np.pad(val, ((0, 0), (extra, 0)), constant_values=False)
-  return tok, val
-
-
-def _generate(
-  served, tokens, valid, setup: Setup, cfg, key, *, evaluation: bool, lora=None, group_size: int = 1
-) -> Rollout:
-  enc = setup.task.encoder
-  sampling = cfg.sampler.sampling(eos_id=enc.eos_id, pad_id=enc.pad_id, evaluation=evaluation)
-  slots = cfg.sampler.slots or len(tokens) * group_size  # the rollout engine; null: a slot per completion
-  return generate(
-    served,
-    jnp.asarray(tokens),
-    jnp.asarray(valid),
-    setup.sampler_cfg,
-    sampling,
-    key,
-    group_size=group_size,
-    slots=slots,
-    cache_dtype=setup.sampler_cfg.dtype,
-    act_spec=cfg.quant.act_spec,
-    lora=lora,
-  )
-
-
-def _score(task, rollout: Rollout, prompt_len: int, refs, cfg):
-  """(rewards f32 [B] on the host, stats): the completions are decoded to text, so this runs on the host."""
-  tokens = np.asarray(rollout.tokens)[:, prompt_len:]
-  mask = np.asarray(rollout.loss_mask)[:, prompt_len:]
-  comps = task.decode_completions(tokens, mask)
-  return task.score(comps, refs, timeout_s=cfg.task.reward_timeout_s)
-
-
-def evaluate(served, setup: Setup, cfg, *, size: int | None = None, seed: int = 0, lora=None) -> dict[str, float]:
+def evaluate(
+  served, setup: Setup, cfg, *, size: int | None = None, seed: int = 0, lora=None, transfer: bool = False
+) -> dict[str, float]:
   """Accuracy of the served weights on the first `size` (default `task.eval_size`) eval problems.
 
   Generation uses `sampler.eval_temperature` (0: greedy) on the sampler's numerics. Accuracy is the
-  fraction of completions with reward >= 1 (a correct answer; `task.format_reward` is below 1).
+  fraction of completions with reward >= 1 (a correct answer; `task.format_reward` is below 1), with its 95%
+  Wilson interval (`metrics.wilson_interval`).
+
+  Args:
+    transfer: also the task's other evaluation sets (`Task.eval_sets`: an arithmetic task's `transfer_digits`),
+      reported as "eval_<name>_accuracy" (+ _lo, _hi, _n).
 
   Returns:
-    {"eval_accuracy", "eval_reward_mean", "eval_response_len", "eval_reward_failed"}.
+    {"eval_accuracy", "eval_accuracy_lo", "eval_accuracy_hi", "eval_n", "eval_reward_mean", "eval_response_len",
+    "eval_reward_failed"} (+ the transfer sets' entries).
   """
   n = cfg.task.eval_size if size is None else size
-  prompts, refs = setup.task.prompts(0, n, split="eval")
-  tok, val = encode_prompt_batch(setup.task, prompts)
-  key = jax.random.PRNGKey(seed)
-  roll = _generate(served, tok, val, setup, cfg, key, evaluation=True, lora=lora)
-  rewards, stats = _score(setup.task, roll, tok.shape[1], refs, cfg)
-  return {
-    "eval_accuracy": float(np.mean(rewards >= 1.0)),
-    "eval_reward_mean": float(np.mean(rewards)),
-    "eval_response_len": float(np.mean(np.asarray(roll.lengths))),
-    "eval_reward_failed": int(stats["failed"]),
-  }
+  sets = setup.task.eval_sets(n) if transfer else {"": setup.task.prompts(0, n, split="eval")}
+  out: dict[str, float] = {}
+  for name, (prompts, refs) in sets.items():
+    tok, val = encode_prompt_batch(setup.task, prompts)
+    key = jax.random.PRNGKey(seed)
+    roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=True, lora=lora)
+    rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs, cfg)
+    k = int(np.sum(rewards >= 1.0))
+    lo, hi = M.wilson_interval(k, len(refs))
+    pre = "eval_" if not name else f"eval_{name}_"
+    out.update(
+      {f"{pre}accuracy": k / len(refs), f"{pre}accuracy_lo": lo, f"{pre}accuracy_hi": hi, f"{pre}n": len(refs)}
+    )
+    if not name:
+      out.update(
+        {
+          "eval_reward_mean": float(np.mean(rewards)),
+          "eval_response_len": float(np.mean(np.asarray(roll.lengths))),
+          "eval_reward_failed": int(stats["failed"]),
+        }
+      )
+  return out
 
 
 @functools.partial(jax.jit, static_argnames=("lcfg",))
@@ -245,14 +225,14 @@ def _rl_step(
   served, lora = served_lora
 
   t0 = time.perf_counter()
-  roll = _generate(
+  roll = generate_rollout(
     served, tok, val, setup, cfg, jax.random.fold_in(sample_key, k), evaluation=False, lora=lora, group_size=G
   )
   roll = jax.block_until_ready(roll)
   t_gen = time.perf_counter() - t0
 
   t0 = time.perf_counter()
-  rewards, rstats = _score(task, roll, tok.shape[1], refs_g, cfg)
+  rewards, rstats = score_rollout(task, roll, tok.shape[1], refs_g, cfg)
   t_rew = time.perf_counter() - t0
 
   t0 = time.perf_counter()
@@ -329,12 +309,6 @@ def train(
   out = Path(cfg.run.out_dir)
   out.mkdir(parents=True, exist_ok=True)
   cfg.dump_yaml(out / "config.yaml")
-  if cfg.sampler.temperature not in (0.0, 1.0):
-    log.warning(
-      "sampler.temperature=%s: μ is sampled at that temperature while the learner's π is at 1, "
-      "so the measured mismatch includes the temperature change",
-      cfg.sampler.temperature,
-    )
   K = cfg.learner.minibatches
   mesh = learner_mesh(cfg)
   setup = build_model(cfg)
@@ -372,6 +346,9 @@ def train(
   try:
     if state is None:
       params = supervised_warmup(cfg, setup, setup.params, logger=logger, progress=progress)
+      params = recover(
+        cfg, setup, params, logger=logger, progress=progress, evaluate=lambda served: evaluate(served, setup, cfg)
+      )
       state = new_state(cfg, setup, params, mesh=mesh)
       if cfg.learner.kl_coef > 0 and state.trainable == "full":
         _save_tree(out / _REF, params)
@@ -384,7 +361,7 @@ def train(
     timings: dict = {}
     if not pre:
       served, lora = served_weights(state, setup, timings)
-      ev = evaluate(served, setup, cfg, lora=lora)
+      ev = evaluate(served, setup, cfg, lora=lora, transfer=True)
       pre = {"accuracy_before": ev["eval_accuracy"], **ev}
       (out / _PRE_RL).write_text(json.dumps(pre))
       logger.log(0, ev, phase="eval")
@@ -431,7 +408,7 @@ def train(
     ckpt.save(state)
     ckpt.wait()
     served, lora = served_weights(state, setup, timings)
-    final = evaluate(served, setup, cfg, lora=lora)
+    final = evaluate(served, setup, cfg, lora=lora, transfer=True)
     logger.log(steps_done, final, phase="eval")
   finally:
     logger.close()
@@ -461,6 +438,8 @@ def train(
     wall_s=time.perf_counter() - t_start,
     paths=paths,
     records=records,
+    eval_before={k: v for k, v in pre.items() if k.startswith("eval_")},
+    eval_after=final,
   )
   paths["summary"] = str(out / "summary.md")
   text = M.write_run_summary(cfg, result, rl)

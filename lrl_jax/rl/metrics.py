@@ -26,6 +26,7 @@ __all__ = [
   "write_summary",
   "write_run_summary",
   "smoothness",
+  "wilson_interval",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,20 @@ def _series(records: Iterable[dict], phase: str, key: str) -> tuple[np.ndarray, 
   return np.asarray(s, float), np.asarray(v, float)
 
 
+def wilson_interval(successes: int, n: int, *, z: float = 1.959963984540054) -> tuple[float, float]:
+  """Wilson's score interval (Wilson 1927) of a binomial proportion k / n; z = 1.96: 95% coverage.
+
+  (p̂ + z²/2n ± z·sqrt(p̂(1 − p̂)/n + z²/4n²)) / (1 + z²/n); unlike p̂ ± z·sqrt(p̂(1 − p̂)/n) it stays in [0, 1]
+  and does not collapse to a point at 0 or n successes.
+  """
+  if n <= 0 or not 0 <= successes <= n:
+    raise ValueError(f"wilson_interval: need 0 <= successes <= n and n > 0; got {successes} of {n}")
+  p, z2 = successes / n, z * z
+  centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+  half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def smoothness(values) -> float:
   """Std of the step-to-step change of a curve (lower = smoother); nan for fewer than 3 points."""
   v = np.asarray(values, np.float64)
@@ -201,6 +216,14 @@ def _fmt(x, pct: bool = False) -> str:
   return f"{100 * x:.1f}%" if pct else f"{x:.3g}"
 
 
+def _accuracy(ev: Mapping[str, Any], prefix: str, acc) -> str:
+  """'12.5% [9.1, 17.2] of 256': an eval accuracy with its 95% interval when the record has one."""
+  lo, hi, n = ev.get(f"{prefix}accuracy_lo"), ev.get(f"{prefix}accuracy_hi"), ev.get(f"{prefix}n")
+  if acc is None or lo is None or hi is None or n is None:
+    return _fmt(acc, True)
+  return f"{100 * acc:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}] of {int(n)}"
+
+
 def write_run_summary(cfg, r, rl: list[dict]) -> str:
   """The end-of-run table of `rl.train` (a `RunResult` `r` and its RL-step records), written to summary.md."""
   kl = [x.get("mismatch/kl_k3") for x in rl if x.get("mismatch/kl_k3") is not None]
@@ -219,8 +242,8 @@ def write_run_summary(cfg, r, rl: list[dict]) -> str:
       f"{lrn.policy_loss} / {lrn.correction.method}" + (" (LoRA)" if lrn.lora is not None else ""),
     ),
     ("warm-up steps / RL steps", f"{cfg.run.sft_steps} / {r.steps}"),
-    ("eval accuracy before RL", _fmt(r.accuracy_before, True)),
-    ("eval accuracy after RL", _fmt(r.accuracy_after, True)),
+    ("eval accuracy before RL", _accuracy(getattr(r, "eval_before", {}), "eval_", r.accuracy_before)),
+    ("eval accuracy after RL", _accuracy(getattr(r, "eval_after", {}), "eval_", r.accuracy_after)),
     ("train reward, first 5 -> last 5 steps", f"{_fmt(r.reward_first)} -> {_fmt(r.reward_last)}"),
     ("mean abs(π − μ) per token (mismatch)", _fmt(r.mismatch_mean)),
     ("mean KL(μ‖π) k3", _fmt(float(np.mean(kl)) if kl else None)),
@@ -228,5 +251,15 @@ def write_run_summary(cfg, r, rl: list[dict]) -> str:
     ("time: generate / learner / sync", f"{tgen:.0f} s / {tlearn:.0f} s / {tsync:.1f} s"),
     ("wall time", f"{r.wall_s:.0f} s"),
   ]
+  after = getattr(r, "eval_after", {}) or {}
+  for key in sorted(k for k in after if k.endswith("_accuracy") and k != "eval_accuracy"):
+    pre = key[: -len("accuracy")]
+    before = getattr(r, "eval_before", {}) or {}
+    rows.append(
+      (
+        f"eval {pre[5:-1]} (transfer) before -> after RL",
+        f"{_accuracy(before, pre, before.get(key))} -> {_accuracy(after, pre, after[key])}",
+      )
+    )
   rows += [(f"output: {k}", f"`{v}`") for k, v in r.paths.items() if v]
   return "\n" + write_summary(r.out_dir, f"lrl_jax run: {r.out_dir}", rows)

@@ -258,6 +258,7 @@ def _assemble(prompts_BP, prompt_valid_BP, state, *, group_size):
     loss_mask=jnp.concatenate([jnp.zeros((R, P), bool), state["mask"]], axis=1),
     sampler_logp=jnp.concatenate([jnp.zeros((R, P), jnp.float32), state["lp"]], axis=1),
     group_size=group_size,
+    prompt_len=P,
   )
 
 

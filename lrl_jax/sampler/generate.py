@@ -168,7 +168,7 @@ def generate(
       None: max_new_tokens for every row.
 
   Returns:
-    A `Rollout` (tokens, valid, loss_mask, sampler_logp; group_size) with T = P + max_new_tokens.
+    A `Rollout` (tokens, valid, loss_mask, sampler_logp; group_size, prompt_len = P) with T = P + max_new_tokens.
 
   Raises:
     ValueError: shapes disagree, a row has no valid prompt token, or a prompt plus max_new_tokens exceeds the
@@ -241,4 +241,4 @@ def generate(
     predecode,
     limits,
   )
-  return out.replace(group_size=group_size)
+  return out.replace(group_size=group_size, prompt_len=prompts_BP.shape[1])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import zlib
 from typing import Literal
 
 import numpy as np
@@ -40,6 +42,13 @@ class ArithmeticTask(Task):
       that write "12 + 7 = 19"). Otherwise `format_reward` if the completion is (exact) or holds (last_number)
       an integer, else 0. format_reward = 0 (the default) makes the reward purely 1/0.
 
+  Held-out evaluation (`holdout` = f > 0): a problem belongs to the held-out part of the problem space iff
+  u(prompt) < f, u a fixed hash of its prompt text to [0, 1) (splitmix64 of its CRC-32), the same for every seed
+  and run. The train split then draws only problems outside it (problem i: the first draw of its stream that is
+  not held out), and the eval split is the distinct held-out problems in a fixed order, the same for every seed:
+  eval and training never share a problem. f = 0: both splits draw independently from the whole space, with the
+  seed (the default; eval problems may then also occur in training).
+
   Attributes:
     seed: data seed.
     digits: operand digits (1..9).
@@ -47,6 +56,8 @@ class ArithmeticTask(Task):
     answer: "exact" or "last_number".
     format_reward: reward in [0, 1) for a well-formed but wrong answer.
     encoder: text <-> ids; the default CharTokenizer has vocab_size 20.
+    holdout: fraction of the problem space reserved for the eval split (0 = no reservation, see above).
+    transfer_digits: operand digit counts of extra evaluation sets (`eval_sets`), e.g. (1, 3) for a 2-digit task.
   """
 
   seed: int = 0
@@ -55,6 +66,8 @@ class ArithmeticTask(Task):
   answer: Literal["exact", "last_number"] = "exact"
   format_reward: float = 0.0
   encoder: PromptEncoder = dataclasses.field(default_factory=CharTokenizer)
+  holdout: float = 0.0
+  transfer_digits: tuple[int, ...] = ()
 
   def __post_init__(self):
     if not isinstance(self.digits, int) or not 1 <= self.digits <= 9:
@@ -68,6 +81,11 @@ class ArithmeticTask(Task):
       raise ValueError(f"ArithmeticTask.format_reward must be in [0, 1); got {self.format_reward!r}")
     if not isinstance(self.seed, int) or self.seed < 0:
       raise ValueError(f"ArithmeticTask.seed must be a non-negative int; got {self.seed!r}")
+    if not 0.0 <= self.holdout < 1.0:
+      raise ValueError(f"ArithmeticTask.holdout must be in [0, 1); got {self.holdout!r}")
+    object.__setattr__(self, "transfer_digits", tuple(self.transfer_digits))
+    if any(not isinstance(d, int) or not 1 <= d <= 9 for d in self.transfer_digits):
+      raise ValueError(f"ArithmeticTask.transfer_digits must be ints in [1, 9]; got {self.transfer_digits!r}")
 
   def problem(self, index: int, *, split: Split = "train") -> tuple[str, str]:
     """(prompt, reference) of problem `index` of `split`."""
@@ -75,24 +93,43 @@ class ArithmeticTask(Task):
       raise ValueError(f"split must be 'train' or 'eval'; got {split!r}")
     if index < 0:
       raise ValueError(f"problem index must be >= 0; got {index}")
-    rng = np.random.default_rng([self.seed, _SPLIT_IDS[split], index])
-    op = self.ops[int(rng.integers(len(self.ops)))]
-    hi = 10**self.digits
-    a, b = int(rng.integers(hi)), int(rng.integers(hi))
-    if op == "+":
-      return f"{a}+{b}=", str(a + b)
-    if op == "-":
-      a, b = max(a, b), min(a, b)
-      return f"{a}-{b}=", str(a - b)
-    if op == "*":
-      b = b % 10
-      return f"{a}*{b}=", str(a * b)
-    return f"x+{b}={a + b};x=", str(a)
+    if self.holdout > 0:
+      if split == "eval":
+        return self._heldout(index + 1)[index]
+      rng = np.random.default_rng([self.seed, _SPLIT_IDS[split], index])
+      while True:  # the first draw outside the held-out part (expected 1 / (1 − holdout) draws)
+        pair = _draw(rng, self.digits, self.ops)
+        if heldout_u(pair[0]) >= self.holdout:
+          return pair
+    return _draw(np.random.default_rng([self.seed, _SPLIT_IDS[split], index]), self.digits, self.ops)
+
+  def eval_sets(self, size: int) -> dict[str, tuple[list[str], list[str]]]:
+    """{"": the first `size` eval problems, "d<k>": up to `size` distinct problems with k-digit operands for each k
+    of `transfer_digits`} as (prompts, references). The transfer sets come from the same fixed stream for every
+    seed and are not checked against training (a 2-digit task also draws 1-digit sums, at 1% of its problems)."""
+    out = {"": self.prompts(0, size, split="eval")}
+    for d in self.transfer_digits:
+      pairs = _distinct_problems(d, self.ops, 0.0, size)
+      out[f"d{d}"] = ([p for p, _ in pairs], [r for _, r in pairs])
+    return out
+
+  def _heldout(self, n: int) -> tuple[tuple[str, str], ...]:
+    """The first n held-out problems (the eval split when holdout > 0)."""
+    pairs = _distinct_problems(self.digits, self.ops, self.holdout, n)
+    if len(pairs) < n:
+      raise ValueError(
+        f"ArithmeticTask: the eval split holds {len(pairs)} held-out problems (digits={self.digits}, "
+        f"ops={self.ops}, holdout={self.holdout}); {n} were asked for: raise holdout or ask for fewer"
+      )
+    return pairs
 
   def prompts(self, step: int, batch_size: int, *, split: Split = "train") -> tuple[list[str], list[str]]:
     if step < 0 or batch_size <= 0:
       raise ValueError(f"prompts: need step >= 0 and batch_size > 0; got step={step}, batch_size={batch_size}")
-    pairs = [self.problem(step * batch_size + j, split=split) for j in range(batch_size)]
+    if self.holdout > 0 and split == "eval":
+      pairs = self._heldout((step + 1) * batch_size)[step * batch_size :]
+    else:
+      pairs = [self.problem(step * batch_size + j, split=split) for j in range(batch_size)]
     return [p for p, _ in pairs], [r for _, r in pairs]
 
   def reward(self, completion: str, reference: str) -> float:
@@ -121,3 +158,62 @@ class ArithmeticTask(Task):
     d = self.digits
     chars = {"+": d + 1, "-": d, "*": d + 1, "eq": d}
     return 1 + max(chars[op] for op in self.ops)  # + EOS
+
+
+_EVAL_STREAM = 0x5EED  # the fixed stream eval problems are drawn from (independent of the run's seed)
+_MAX_ENUMERATE = 200_000  # problem spaces up to this size are enumerated (a small space has few distinct problems)
+
+
+def heldout_u(prompt: str) -> float:
+  """A fixed hash of a problem's prompt text to [0, 1): splitmix64 (Steele et al. 2014) of its CRC-32."""
+  z = (zlib.crc32(prompt.encode()) + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+  z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+  z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+  return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+@functools.lru_cache(maxsize=64)
+def _distinct_problems(digits: int, ops: tuple[str, ...], holdout: float, n: int) -> tuple[tuple[str, str], ...]:
+  """The first n distinct problems (u < holdout when holdout > 0) of the fixed eval stream; all of them, in a fixed
+  shuffled order, when the space has fewer."""
+  keep = (lambda p: heldout_u(p) < holdout) if holdout > 0 else (lambda p: True)
+  hi = 10**digits
+  if len(ops) * hi * hi <= _MAX_ENUMERATE:
+    space = {}
+    for op in ops:
+      for a in range(hi):
+        for b in range(hi):
+          p, r = _make(op, a, b)
+          if keep(p):
+            space[p] = r
+    order = np.random.default_rng([_EVAL_STREAM, digits]).permutation(len(space))
+    items = list(space.items())
+    return tuple(items[i] for i in order[:n])
+  seen: dict[str, str] = {}
+  j = 0
+  while len(seen) < n:
+    p, r = _draw(np.random.default_rng([_EVAL_STREAM, digits, j]), digits, ops)
+    if p not in seen and keep(p):
+      seen[p] = r
+    j += 1
+  return tuple(seen.items())
+
+
+def _draw(rng, digits: int, ops: tuple[str, ...]) -> tuple[str, str]:
+  op = ops[int(rng.integers(len(ops)))]
+  hi = 10**digits
+  a, b = int(rng.integers(hi)), int(rng.integers(hi))
+  return _make(op, a, b)
+
+
+def _make(op: str, a: int, b: int) -> tuple[str, str]:
+  """(prompt, reference) of operation `op` on the drawn operands a, b."""
+  if op == "+":
+    return f"{a}+{b}=", str(a + b)
+  if op == "-":
+    a, b = max(a, b), min(a, b)
+    return f"{a}-{b}=", str(a - b)
+  if op == "*":
+    b = b % 10
+    return f"{a}*{b}=", str(a * b)
+  return f"x+{b}={a + b};x=", str(a)

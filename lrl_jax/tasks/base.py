@@ -101,6 +101,11 @@ class Task(abc.ABC):
   def reward(self, completion: str, reference: str) -> float:
     """Reward of one decoded completion (text up to EOS) against its reference."""
 
+  def eval_sets(self, size: int) -> dict[str, tuple[list[str], list[str]]]:
+    """The evaluation sets {name: (prompts, references)}: "" is the eval split's first `size` problems (others, e.g.
+    an arithmetic task's transfer sets "d1", "d3", are reported beside it)."""
+    return {"": self.prompts(0, size, split="eval")}
+
   def target(self, reference: str) -> str:
     """The completion text a supervised step teaches for `reference` (the reference itself by default)."""
     return reference

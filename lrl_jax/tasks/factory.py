@@ -42,6 +42,8 @@ def task_from_config(section, *, seed: int, tokenizer: Any = None, eos_token: st
       answer=section.answer,
       format_reward=section.format_reward,
       encoder=encoder,
+      holdout=section.holdout,
+      transfer_digits=section.transfer_digits,
     )
   if section.name == "gsm8k":
     if isinstance(encoder, CharTokenizer):

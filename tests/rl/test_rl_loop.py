@@ -174,7 +174,7 @@ def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
 
 def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
   cfg = _cfg(tmp_path, "nan", STEPS, "run.ckpt_every=1", "run.max_nonfinite_steps=2", "run.eval_every=0")
-  real = loop._score
+  real = loop.score_rollout
 
   def poisoned(task, rollout, prompt_len, refs, cfg_):
     rewards, stats = real(task, rollout, prompt_len, refs, cfg_)
@@ -182,7 +182,7 @@ def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, m
     return (rewards * np.nan if poisoned.calls > 3 else rewards), stats  # steps 2, 3, ... give NaN advantages
 
   poisoned.calls = 0
-  monkeypatch.setattr(loop, "_score", poisoned)
+  monkeypatch.setattr(loop, "score_rollout", poisoned)
   with pytest.raises(L.NonFiniteError, match="2 consecutive"):
     train(cfg, progress=False, export=False)
   ck = L.Checkpointer(tmp_path / "nan" / "checkpoints")

@@ -15,6 +15,7 @@ from lrl_jax.config import load_config
 from lrl_jax.learner.config import UNQUANTIZED_DELTA
 from lrl_jax.quant.rules import path_str
 from lrl_jax.rl import OffPolicyQueue, RolloutBuffer, merge_lora, sync, sync_spec
+from lrl_jax.rl import metrics as M
 from lrl_jax.rollout import Rollout
 
 QS = "configs/quickstart.yaml"
@@ -354,3 +355,15 @@ def test_sync_reshards_onto_the_sampler_mesh():
     if isinstance(a, quant.QArray):
       a, b = a.codes, b.codes
     np.testing.assert_array_equal(np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32))
+
+
+def test_wilson_interval_matches_scipy():
+  """rl.metrics.wilson_interval against scipy's binomtest(...).proportion_ci(method="wilson")."""
+  from scipy.stats import binomtest  # noqa: PLC0415  (test-only reference)
+
+  for k, n in [(0, 32), (3, 32), (16, 32), (32, 32), (77, 256), (1, 1)]:
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    lo, hi = M.wilson_interval(k, n)
+    assert lo == pytest.approx(ci.low, abs=1e-12) and hi == pytest.approx(ci.high, abs=1e-12)
+  with pytest.raises(ValueError, match="successes"):
+    M.wilson_interval(5, 4)

@@ -144,3 +144,30 @@ def test_bad_arguments():
     ArithmeticTask(ops=("/",))
   with pytest.raises(ValueError, match="split"):
     ArithmeticTask().prompts(0, 2, split="test")
+
+
+def test_holdout_eval_is_disjoint_fixed_and_distinct():
+  """holdout = f: eval problems are distinct, held out (u < f), the same for every seed, and never drawn for training;
+  the held-out share of the space is f within a binomial 6-sigma bound."""
+  from lrl_jax.tasks.arithmetic import heldout_u  # noqa: PLC0415  (a module helper, not public API)
+
+  t = ArithmeticTask(seed=0, digits=2, holdout=0.1, transfer_digits=(1, 3))
+  ev, refs = t.prompts(0, 300, split="eval")
+  assert len(set(ev)) == 300 and all(heldout_u(p) < 0.1 for p in ev)
+  assert [str(_solve(p)) for p in ev] == refs
+  assert ev == ArithmeticTask(seed=5, digits=2, holdout=0.1).prompts(0, 300, split="eval")[0]  # fixed set
+  assert t.prompts(1, 100, split="eval")[0] == ev[100:200]  # batches of the same list
+  train = set(t.prompts(0, 4000)[0]) | set(ArithmeticTask(seed=1, digits=2, holdout=0.1).prompts(0, 4000)[0])
+  assert not train & set(t.prompts(0, 900, split="eval")[0])
+  space = [f"{a}+{b}=" for a in range(100) for b in range(100)]
+  share = np.mean([heldout_u(p) < 0.1 for p in space])
+  assert abs(share - 0.1) < 6 * np.sqrt(0.1 * 0.9 / len(space))
+  sets = t.eval_sets(150)
+  assert sets[""] == t.prompts(0, 150, split="eval")
+  assert len(sets["d1"][0]) == 100 and len(set(sets["d1"][0])) == 100  # all 100 one-digit sums (fewer than asked)
+  assert all(re.fullmatch(r"\d\+\d=", p) for p in sets["d1"][0])
+  assert len(set(sets["d3"][0])) == 150 and [str(_solve(p)) for p in sets["d3"][0]] == sets["d3"][1]
+  with pytest.raises(ValueError, match="held-out problems"):
+    ArithmeticTask(digits=1, holdout=0.1).prompts(0, 50, split="eval")
+  with pytest.raises(ValueError, match="holdout"):
+    ArithmeticTask(holdout=1.0)
