@@ -74,6 +74,7 @@ class ModelSection(Schema):
   rope_theta: float = 10000.0  # tiny model RoPE base θ
   init_std: float = 0.02  # tiny model std of the random initial weights
   dtype: _DTYPE = "float32"  # master (optimizer-updated) parameter dtype
+  layers: int | None = None  # pretrained sources: keep only the first k decoder blocks (smoke tests); null = all
 
   def _validate(self):
     s = self.source
@@ -90,6 +91,8 @@ class ModelSection(Schema):
     self._check(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", f"must divide num_heads={self.num_heads}")
     self._check(self.rope_theta > 0, "rope_theta", "must be > 0")
     self._check(self.init_std > 0, "init_std", "must be > 0")
+    self._check(self.layers is None or self.layers >= 1, "layers", "must be >= 1 or null")
+    self._check(self.layers is None or s != "tiny", "layers", "applies to pretrained sources (tiny: num_layers)")
 
   @property
   def head_dim(self) -> int:

@@ -65,8 +65,29 @@ def test_configs_say_what_they_claim():
     assert {**d["learner"], "correction": None} == {**base["learner"], "correction": None}
     assert {**d["run"], "out_dir": None} == {**base["run"], "out_dir": None}
   # The experiment arms share model, data, steps and seeds.
-  arms = [c for n, c in cfg.items() if n not in ("quickstart", "smollm2_int4_qat_grpo")]
+  arms = [c for n, c in cfg.items() if n != "quickstart" and not n.startswith("smollm2")]
   assert len({(c.model, c.task, c.run.steps, c.run.seed, c.run.sft_steps, c.run.batch_prompts) for c in arms}) == 1
+  # The SmolLM2 arms (docs/smollm2_results.md): the same model, task, sampler and schedule; each differs from the
+  # bf16 arm only in its formats, correction, LoRA (and its learning rate) and the INT4 recovery.
+  real = {n: c for n, c in cfg.items() if n.startswith("smollm2")}
+  assert set(real) == {f"smollm2_{a}" for a in ("grpo", "int4_qat_grpo", "int4_rollout", "fp8", "fp8_tis", "fp8_acrl",
+                                                 "nvfp4_lora")}  # fmt: skip
+  ref = real["smollm2_grpo"]
+  for name, c in real.items():
+    assert (c.model, c.task, c.sampler) == (ref.model, ref.task, ref.sampler), name
+    assert {**c.run.to_dict(), "out_dir": 0, "recover_steps": 0, "recover_lr": 0, "recover_eval_every": 0} == {
+      **ref.run.to_dict(),
+      "out_dir": 0,
+      "recover_steps": 0,
+      "recover_lr": 0,
+      "recover_eval_every": 0,
+    }, name
+    same = ("lr", "qat", "qat_targets", "correction", "lora")
+    assert {k: v for k, v in c.learner.to_dict().items() if k not in same} == {
+      k: v for k, v in ref.learner.to_dict().items() if k not in same
+    }, name
+  assert real["smollm2_int4_qat_grpo"].run.recover_steps > 0 and real["smollm2_int4_qat_grpo"].quant.learner == "int4"
+  assert real["smollm2_fp8_acrl"].learner.correction.method == "acrl" and real["smollm2_fp8"].quant.act == "fp8"
 
 
 def test_overrides_apply_with_types():

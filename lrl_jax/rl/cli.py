@@ -139,12 +139,16 @@ def eval_main(argv: list[str] | None = None) -> int:
 
 
 def export_main(argv: list[str] | None = None) -> int:
-  """`lrl-jax export --format int4|nvfp4 RUN_OR_CKPT OUT_DIR`: a run's latest checkpoint as compressed-tensors.
+  """`lrl-jax export --format int4|nvfp4|hf RUN_OR_CKPT OUT_DIR`: a run's latest checkpoint as compressed-tensors,
+  or (hf) as a plain float HF checkpoint of its float32 masters, which `model.source: hf:OUT_DIR` loads (e.g. a
+  QAT-recovered model that several RL runs start from).
 
   RUN_OR_CKPT is a run directory (with config.yaml and checkpoints/) or its checkpoints/ directory.
   """
   p = argparse.ArgumentParser(prog="lrl-jax export", description="Export a run's weights as compressed-tensors.")
-  p.add_argument("--format", required=True, choices=["int4", "nvfp4"], help="weight format")
+  p.add_argument(
+    "--format", required=True, choices=["int4", "nvfp4", "hf"], help="weight format (hf: float32, no quantization)"
+  )
   p.add_argument("--group-size", type=int, default=None, help="INT4 group size (default: the run's quant.group_size)")
   p.add_argument("ckpt", help="run directory (or its checkpoints/ directory)")
   p.add_argument("out_dir", help="output directory")
@@ -165,8 +169,14 @@ def export_main(argv: list[str] | None = None) -> int:
   if state is None:
     print(f"lrl-jax export: no complete checkpoint in {run}/checkpoints", file=sys.stderr)
     return EXIT_CONFIG
-  spec = cfg.quant.spec(args.format)
   params = merge_lora(state.params, state.lora if state.trainable == "lora" else None)
+  if args.format == "hf":
+    path = models.save_hf(
+      args.out_dir, setup.model_cfg, jax.device_get(params), dtype=jnp.float32, tokenizer=setup.tokenizer
+    )
+    print(f"exported {run} (step {int(state.step)}) as a float32 HF checkpoint -> {path}")
+    return 0
+  spec = cfg.quant.spec(args.format)
   try:
     path = models.export_compressed_tensors(
       args.out_dir,

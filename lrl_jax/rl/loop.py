@@ -94,7 +94,15 @@ class RunResult:
 
 
 def evaluate(
-  served, setup: Setup, cfg, *, size: int | None = None, seed: int = 0, lora=None, transfer: bool = False
+  served,
+  setup: Setup,
+  cfg,
+  *,
+  size: int | None = None,
+  seed: int = 0,
+  lora=None,
+  transfer: bool = False,
+  problems: list | None = None,
 ) -> dict[str, float]:
   """Accuracy of the served weights on the first `size` (default `task.eval_size`) eval problems.
 
@@ -105,6 +113,7 @@ def evaluate(
   Args:
     transfer: also the task's other evaluation sets (`Task.eval_sets`: an arithmetic task's `transfer_digits`),
       reported as "eval_<name>_accuracy" (+ _lo, _hi, _n).
+    problems: a list to append one {"set", "prompt", "reference", "completion", "reward"} per problem to.
 
   Returns:
     {"eval_accuracy", "eval_accuracy_lo", "eval_accuracy_hi", "eval_n", "eval_reward_mean", "eval_response_len",
@@ -118,6 +127,13 @@ def evaluate(
     key = jax.random.PRNGKey(seed)
     roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=True, lora=lora)
     rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs, cfg)
+    if problems is not None:
+      P = tok.shape[1]
+      comps = setup.task.decode_completions(np.asarray(roll.tokens)[:, P:], np.asarray(roll.loss_mask)[:, P:])
+      problems.extend(
+        {"set": name, "prompt": p, "reference": r, "completion": c, "reward": float(x)}
+        for p, r, c, x in zip(prompts, refs, comps, rewards)
+      )
     k = int(np.sum(rewards >= 1.0))
     lo, hi = M.wilson_interval(k, len(refs))
     pre = "eval_" if not name else f"eval_{name}_"
@@ -166,6 +182,19 @@ def _load_tree(path: Path, like):
   data = np.load(path)
   leaves = [jnp.asarray(data[f"arr_{i}"]) for i in range(len(data.files))]
   return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
+
+
+def _write_problems(path: Path, rows: list[dict]) -> None:
+  """One JSON line per evaluated problem (what the model answered, and its reward), written whole (a temporary
+  file renamed into place)."""
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+  tmp.replace(path)
+
+
+def _elapsed(t_start: float) -> dict[str, float]:
+  """{"time/elapsed_s": wall seconds since `train` started} (this call's: a resumed run counts from its restart)."""
+  return {"time/elapsed_s": time.perf_counter() - t_start}
 
 
 def _mean_metrics(ms: list[dict]) -> dict[str, float]:
@@ -361,10 +390,12 @@ def train(
     timings: dict = {}
     if not pre:
       served, lora = served_weights(state, setup, timings)
-      ev = evaluate(served, setup, cfg, lora=lora, transfer=True)
+      rows: list = []
+      ev = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows)
+      _write_problems(out / "eval_before.jsonl", rows)
       pre = {"accuracy_before": ev["eval_accuracy"], **ev}
       (out / _PRE_RL).write_text(json.dumps(pre))
-      logger.log(0, ev, phase="eval")
+      logger.log(0, {**ev, **_elapsed(t_start)}, phase="eval")
 
     bar = tqdm(
       total=cfg.run.steps,
@@ -379,7 +410,8 @@ def train(
       state = _maybe_restart_learned_scales(state, cfg.learner, k)
       served_lora = served_weights(state, setup, timings)
       if k > 0 and cfg.run.eval_every and k % cfg.run.eval_every == 0:
-        logger.log(k, evaluate(served_lora[0], setup, cfg, lora=served_lora[1]), phase="eval")
+        ev = evaluate(served_lora[0], setup, cfg, lora=served_lora[1])
+        logger.log(k, {**ev, **_elapsed(t_start)}, phase="eval")
       state, rec = _rl_step(
         k,
         state,
@@ -394,7 +426,7 @@ def train(
         guard=guard,
         timings=timings,
       )
-      records.append(logger.log(k, rec))
+      records.append(logger.log(k, {**rec, **_elapsed(t_start)}))
       if cfg.run.ckpt_every and (k + 1) % cfg.run.ckpt_every == 0:
         ckpt.save(state)
       bar.update(1)
@@ -408,8 +440,10 @@ def train(
     ckpt.save(state)
     ckpt.wait()
     served, lora = served_weights(state, setup, timings)
-    final = evaluate(served, setup, cfg, lora=lora, transfer=True)
-    logger.log(steps_done, final, phase="eval")
+    rows = []
+    final = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows)
+    _write_problems(out / "eval_after.jsonl", rows)
+    logger.log(steps_done, {**final, **_elapsed(t_start)}, phase="eval")
   finally:
     logger.close()
     ckpt.close()
@@ -418,6 +452,7 @@ def train(
   rl = [r for r in all_recs if r["phase"] == "rl"]
   plots = M.plot_run(out, all_recs)
   paths["plots"] = ", ".join(str(p) for p in plots)
+  paths["eval_problems"] = f"{out / 'eval_before.jsonl'}, {out / 'eval_after.jsonl'}"
   if logger.tensorboard_dir is not None:
     paths["tensorboard"] = str(logger.tensorboard_dir)
   if export and cfg.quant.sampler in ("int4", "nvfp4"):

@@ -73,6 +73,12 @@ def build_model(cfg, *, init: bool = True) -> Setup:
     else:
       path = models.smollm2() if src == "smollm2" else src.split(":", 1)[1]
       model_cfg, params, tokenizer = models.load_gguf(path, dtype=jnp.float32, compute_dtype=compute)
+    k = cfg.model.layers
+    if k is not None:
+      if k > model_cfg.num_layers:
+        raise ConfigError(f"model.layers={k}: {src} has only {model_cfg.num_layers} decoder blocks")
+      model_cfg = model_cfg.replace(num_layers=k)
+      params = {**params, "layers": jax.tree_util.tree_map(lambda x: x[:k], params["layers"])}
     eos = tokenizer.backend.id_to_token(tokenizer.eos_id) if tokenizer.eos_id is not None else "<|im_end|>"
     task = task_from_config(cfg.task, seed=cfg.run.seed, tokenizer=tokenizer.backend, eos_token=eos)
     if not init:

@@ -4,7 +4,8 @@
       (= python -m lrl_jax.sampler.bench): the real SmolLM2-135M-Instruct (GGUF) on a fixed chat prompt set;
       transformers `generate` (torch f32, the `ref` extra; skipped without it) vs this sampler's static batch vs
       its rollout engine, every served format; a fixed 32-token workload (greedy and T=1) and a mixed-length one
-      (per-request limits 2-40, the engine on half as many slots as requests); tokens/s and ratios, median of 3.
+      (per-request limits 2-40; S = b/4 rows decode at once in both paths: the static batch in waves of S, the
+      engine on S slots); tokens/s and ratios, median of 3.
     python -m lrl_jax.sampler.bench --random-weights [--batches 1 16] [--prompt-len 32] [--new-tokens 64]
                                     [--formats bf16 int4] [--serve-formats int4 nvfp4 fp8]
       generation tokens/s and `serve_params` time on SmolLM2-135M shapes (random init)
@@ -307,19 +308,39 @@ def engine_bench(argv=None) -> int:
           f"({en / st:.2f}x)",
           flush=True,
         )
+      # Mixed lengths, the way RL completions end: S = b/4 rows decode at a time in both paths (the memory a
+      # deployment gives the decode batch). The static batch takes the requests in waves of S, each running until
+      # its longest row ends; the engine's S slots take the next request as soon as a row ends.
       lo, hi = args.mixed
-      lim = jnp.asarray(np.random.default_rng(b).integers(lo, hi + 1, b), jnp.int32)
+      lim = np.random.default_rng(b).integers(lo, hi + 1, b)
+      S = max(G, b // 4)
       s = SamplingConfig(max_new_tokens=hi, temperature=1.0, eos_id=None, pad_id=enc.pad_id)
       n = int(lim.sum())
-      common = dict(group_size=G, cache_dtype=jnp.dtype(args.dtype), limits=lim)
-      st = _median_tps(lambda: generate(served[f], prompts, valid, cfg, s, key, **common), n, args.repeats)
-      en = _median_tps(
-        lambda: generate(served[f], prompts, valid, cfg, s, key, slots=max(1, b // 2), **common), n, args.repeats
-      )
-      rows.append((b, f"mixed {lo}-{hi}", "static T=1", f, st))
-      rows.append((b, f"mixed {lo}-{hi}", f"engine T=1, {max(1, b // 2)} slots", f, en))
+      waves = [(i * S // G, (i + 1) * S // G) for i in range(b // S)]
+
+      def static_waves(f=f, s=s):
+        return [
+          generate(
+            served[f],
+            prompts[a:z],
+            valid[a:z],
+            cfg,
+            s,
+            jax.random.fold_in(key, a),
+            group_size=G,
+            cache_dtype=jnp.dtype(args.dtype),
+            limits=jnp.asarray(lim[a * G : z * G], jnp.int32),
+          )
+          for a, z in waves
+        ]
+
+      st = _median_tps(static_waves, n, args.repeats)
+      common = dict(group_size=G, cache_dtype=jnp.dtype(args.dtype), limits=jnp.asarray(lim, jnp.int32))
+      en = _median_tps(lambda: generate(served[f], prompts, valid, cfg, s, key, slots=S, **common), n, args.repeats)
+      rows.append((b, f"mixed {lo}-{hi}", f"static T=1, waves of {S}", f, st))
+      rows.append((b, f"mixed {lo}-{hi}", f"engine T=1, {S} slots", f, en))
       print(
-        f"batch {b:4d} mixed {lo}-{hi} {f:6s}: static {st:8.1f} tok/s, engine ({max(1, b // 2)} slots) "
+        f"batch {b:4d} mixed {lo}-{hi} {f:6s}: static (waves of {S}) {st:8.1f} tok/s, engine ({S} slots) "
         f"{en:8.1f} ({en / st:.2f}x)",
         flush=True,
       )

@@ -24,6 +24,7 @@ from lrl_jax.models.decoder import Numerics, forward_hidden, init_cache, logits_
 from lrl_jax.rollout import Rollout
 from lrl_jax.sampler.engine import run_engine
 from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens
+from lrl_jax.sampler.sharding import SAMPLER_RULES, batch_axis_size
 
 __all__ = ["generate", "row_keys"]
 
@@ -173,7 +174,8 @@ def generate(
   Raises:
     ValueError: shapes disagree, a row has no valid prompt token, or a prompt plus max_new_tokens exceeds the
       model's context (`cfg.max_position_embeddings`), naming the row; `group_size` or `slots` not a positive
-      int. Checked before anything is generated (the prompt checks when the mask is concrete).
+      int, or a slot count the batch axis of the served tree's mesh does not divide. Checked before anything is
+      generated (the prompt checks when the mask is concrete).
   """
   prompts_BP = jnp.asarray(prompts_BP)
   prompt_valid_BP = jnp.asarray(prompt_valid_BP).astype(bool)
@@ -196,6 +198,13 @@ def generate(
     raise ValueError(f"generate: group_size must be a positive int; got {group_size!r}")
   if slots is not None and (not isinstance(slots, int) or isinstance(slots, bool) or slots < 1):
     raise ValueError(f"generate: slots must be a positive int or None (the static batch); got {slots!r}")
+  if slots is not None:
+    d, mesh = batch_axis_size(params)
+    if slots % d:
+      raise ValueError(
+        f"generate: slots={slots} do not fit the sampler's mesh {dict(mesh.shape)}: its batch axis "
+        f"({dict(SAMPLER_RULES)['batch']!r}, {d} devices) must divide them"
+      )
   predecode = kernels.predecode_by_default() if predecode is None else bool(predecode)
   R = prompts_BP.shape[0] * group_size
   if limits is not None:

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from lrl_jax import quant
 from lrl_jax.models.decoder import param_logical_axes
 
-__all__ = ["SAMPLER_RULES", "partition_spec", "param_shardings", "shard_params", "shard_batch"]
+__all__ = ["SAMPLER_RULES", "partition_spec", "param_shardings", "shard_params", "shard_batch", "batch_axis_size"]
 
 SAMPLER_RULES: tuple[tuple[str, str | None], ...] = (
   ("batch", "data"),
@@ -75,3 +75,14 @@ def shard_batch(x, mesh, rules=SAMPLER_RULES):
   """Places a [B, ...] array with its batch axis on the rules' `batch` mesh axis."""
   names = ("batch",) + (None,) * (x.ndim - 1)
   return jax.device_put(x, NamedSharding(mesh, partition_spec(names, x.shape, mesh, rules)))
+
+
+def batch_axis_size(tree, rules=SAMPLER_RULES) -> tuple[int, object]:
+  """(size, mesh) of the mesh axis the rules put the batch on, for the mesh `tree`'s arrays are placed on
+  (`shard_params`); (1, None) when they are not on a multi-device mesh."""
+  axis = dict(rules).get("batch")
+  for leaf in jax.tree_util.tree_leaves(tree):
+    sh = getattr(leaf, "sharding", None)
+    if isinstance(sh, NamedSharding):
+      return int(sh.mesh.shape.get(axis, 1)) if axis else 1, sh.mesh
+  return 1, None

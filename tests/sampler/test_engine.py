@@ -132,6 +132,10 @@ def test_bad_input_is_refused_before_generating(params):
     sampler.generate(params, TOKS, VALID, CFG, SAMPLED, jax.random.key(0), group_size=2, limits=[3, 4])
   with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
     SamplingConfig(max_new_tokens=0)
+  mesh = jax.make_mesh((4, 2), ("data", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  on_mesh = sampler.shard_params(params, mesh)
+  with pytest.raises(ValueError, match=r"slots=6 do not fit the sampler's mesh .* \('data', 4 devices\)"):
+    sampler.generate(on_mesh, TOKS, VALID, CFG, SAMPLED, jax.random.key(0), group_size=2, slots=6)
 
 
 def test_windows_cover_the_filled_cache(monkeypatch):
