@@ -41,8 +41,12 @@ def _bench(args, rest) -> int:
     from lrl_jax.sampler import bench as sampler_bench  # noqa: PLC0415
 
     return sampler_bench.engine_bench(rest) or 0
+  if args.what == "learner":
+    from lrl_jax.learner import bench as learner_bench  # noqa: PLC0415  (per-command imports)
+
+    return learner_bench.main(rest) or 0
   if args.what != "kernels":
-    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels, sampler")
+    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels, sampler, learner")
   from lrl_jax.kernels import bench  # noqa: PLC0415
 
   return bench.main(rest) or 0
@@ -71,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--repeats", type=int, default=3)
-  p = sub.add_parser("bench", help="benchmarks: `lrl-jax bench kernels [--quick ...]`, `lrl-jax bench sampler [...]`")
-  p.add_argument("what", choices=["kernels", "sampler"])
+  p = sub.add_parser(
+    "bench",
+    help="benchmarks: `lrl-jax bench kernels [--quick ...]`, `lrl-jax bench sampler [...]`, "
+    "`lrl-jax bench learner memory|qat|torch [...]`",
+  )
+  p.add_argument("what", choices=["kernels", "sampler", "learner"])
   args, rest = parser.parse_known_args(argv)
   if args.command == "numerics":
     if rest:

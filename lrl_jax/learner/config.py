@@ -148,12 +148,14 @@ class LearnerConfig(Schema):
   warmup_steps: int = 0  # linear learning-rate warm-up from 0, in applied updates
   min_lr_ratio: float = 0.0  # cosine: final lr / lr
   total_steps: int | None = set_by("run.steps × learner.minibatches")  # cosine schedule length in updates
-  opt_state_dtype: _DTYPE = "float32"  # dtype of Adam's first moment μ (ν stays float32)
+  opt_state_dtype: Literal["float32", "bfloat16", "fp8"] = "float32"  # Adam's μ (ν f32); fp8: both, blockwise E4M3
+  opt_state_block: int = 256  # fp8 moments: elements per scale along each parameter's last axis (at most)
   minibatches: int = 1  # K: each rollout batch is split into K minibatches, one optimizer update each
   micro_batches: int = 1  # gradient-accumulation splits of each minibatch (exact: same loss and gradient)
   compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
   temperature: float = set_by("sampler.temperature", 1.0)  # π = softmax(logits / T), the distribution μ samples
-  remat: bool = False  # recompute each decoder block in the backward pass (saves memory)
+  remat: bool | Literal["none", "full", "dots", "dots_no_batch", "offload"] = "none"  # models.remat_policy
+  logit_chunk: int | None = None  # logits in chunks of this many positions, recomputed in backward; null: at once
   share_prompt: bool = True  # run a group's shared prompt once for its G rows (exact up to the order of float sums)
   lora: LoraConfig | None = None  # train LoRA adapters over the frozen (possibly low-bit) base; null = full fine-tuning
   qat: quant.Spec | None = set_by("quant.learner")  # format of the QAT forward (fake quant of what is served)
@@ -198,6 +200,10 @@ class LearnerConfig(Schema):
         "must be a positive int or None",
       )
     self._check(self.temperature > 0, "temperature", "must be > 0 (greedy rollouts report μ at 1)")
+    self._check(self.logit_chunk is None or self.logit_chunk >= 1, "logit_chunk", "must be >= 1 or null")
+    self._check(self.opt_state_block >= 1, "opt_state_block", "must be >= 1")
+    if isinstance(self.remat, bool):  # true / false of older configs: the whole block, or nothing
+      object.__setattr__(self, "remat", "full" if self.remat else "none")
     self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
     self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
     self._check(

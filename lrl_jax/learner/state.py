@@ -14,6 +14,7 @@ is set) or a served tree with `quant.QArray` kernels (QeRL: NVFP4 base + LoRA).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax.struct
@@ -24,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lrl_jax import quant
+from lrl_jax.learner.adam8 import scale_by_adam_8bit
 from lrl_jax.learner.config import LearnerConfig
 from lrl_jax.learner.mesh import lora_shardings, param_shardings
 from lrl_jax.losses import ACRLState, acrl_init, value_head_init
@@ -115,21 +117,29 @@ def _decay_mask(tree):
 
 
 def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
-  """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay on matrices, mu_dtype)
+  """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay on matrices, mu_dtype; or both
+  moments in 8 bits for opt_state_dtype="fp8": `adam8.scale_by_adam_8bit`)
   [-> int4_update_clip(k): no INT4 weight moves more than k steps of its group's grid per update]."""
   parts = [] if cfg.grad_clip is None else [optax.clip_by_global_norm(cfg.grad_clip)]
-  parts.append(
-    optax.adamw(
-      make_schedule(cfg),
-      b1=cfg.b1,
-      b2=cfg.b2,
-      eps=cfg.eps,
-      weight_decay=cfg.weight_decay,
-      mu_dtype=jnp.dtype(cfg.opt_state_dtype),
-      mask=_decay_mask,
-      nesterov=cfg.nesterov,
+  if cfg.opt_state_dtype == "fp8":  # both moments 8-bit (adam8.py), then AdamW's decay and learning rate
+    parts += [
+      scale_by_adam_8bit(cfg.b1, cfg.b2, cfg.eps, block=cfg.opt_state_block, nesterov=cfg.nesterov),
+      optax.add_decayed_weights(cfg.weight_decay, _decay_mask),
+      optax.scale_by_learning_rate(make_schedule(cfg)),
+    ]
+  else:
+    parts.append(
+      optax.adamw(
+        make_schedule(cfg),
+        b1=cfg.b1,
+        b2=cfg.b2,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        mu_dtype=jnp.dtype(cfg.opt_state_dtype),
+        mask=_decay_mask,
+        nesterov=cfg.nesterov,
+      )
     )
-  )
   if cfg.int4_update_clip is not None:
     parts.append(quant.int4_update_clip(cfg.qat_rules, k=cfg.int4_update_clip))
   return optax.chain(*parts)
@@ -157,7 +167,7 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh, cfg: LearnerConfig) 
     t_shard["value_head"] = repl(abstract_state.value_head)
   opt = optax.tree_map_params(
     make_optimizer(cfg),
-    lambda _, s: s,
+    _fit_sharding,
     abstract_state.opt_state,
     t_shard,
     transform_non_params=lambda _: rep,
@@ -175,6 +185,20 @@ def state_shardings(abstract_state: TrainState, mesh: Mesh, cfg: LearnerConfig) 
     value_head=None if abstract_state.value_head is None else t_shard["value_head"],
     trainable=abstract_state.trainable,
   )
+
+
+def _fit_sharding(leaf, sharding: NamedSharding) -> NamedSharding:
+  """The parameter's sharding for a per-parameter optimizer leaf; a dimension the leaf's shape does not let its mesh
+  axes divide (8-bit moments' block scales: [..., last / block]) is replicated instead."""
+  shape = getattr(leaf, "shape", None)
+  if shape is None:
+    return sharding
+  spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+  size = lambda ax: (
+    1 if ax is None else math.prod(sharding.mesh.shape[a] for a in (ax if isinstance(ax, tuple) else (ax,)))
+  )  # noqa: E731
+  fitted = [ax if d % size(ax) == 0 else None for ax, d in zip(spec, shape)]
+  return sharding if fitted == spec else NamedSharding(sharding.mesh, P(*fitted))
 
 
 def _f32_masters(params):

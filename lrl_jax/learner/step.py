@@ -168,6 +168,7 @@ def logprobs_from_hidden(
   start: int = 0,
   temperature: float = 1.0,
   with_entropy: bool = False,
+  chunk: int | None = None,
 ):
   """log π of each token t >= `start` (and the entropy of the distribution that predicted it) from the hidden state
   at its previous valid slot; 0 before `start`, where token t is padding or has no valid token before it.
@@ -175,8 +176,22 @@ def logprobs_from_hidden(
 
   The logits [B, T − start, V] are computed only for the slots that score a token at or after `start` (a rollout's
   completions: `Rollout.prompt_len`); the same numbers as `logprobs_from_logits` on the full logits, row for row.
+  `chunk`: computed `chunk` positions at a time and recomputed in the backward pass, so that the whole [B, N, V]
+  never exists (the same numbers, up to how XLA blocks the smaller matmuls).
   """
   B = h_BTD.shape[0]
+  if chunk is not None:
+    return _chunked_logprobs(
+      params,
+      h_BTD,
+      tokens_BT,
+      valid_BT,
+      mcfg,
+      start=start,
+      temperature=temperature,
+      chunk=chunk,
+      with_entropy=with_entropy,
+    )
   z, has_prev = _predicting_logits(params, h_BTD, valid_BT, mcfg, start, temperature)
   lse = jax.nn.logsumexp(z, axis=-1)
   picked = jnp.take_along_axis(z, tokens_BT[:, start:, None].astype(jnp.int32), axis=-1)[..., 0]
@@ -185,6 +200,39 @@ def logprobs_from_hidden(
   if not with_entropy:
     return logp
   return logp, pad(losses.entropy_from_logits(z, has_prev))
+
+
+def _chunked_logprobs(params, h_BTD, tokens_BT, valid_BT, mcfg, *, start, temperature, chunk, with_entropy):
+  """`logprobs_from_hidden` with the [B·N, V] logits computed `chunk` positions at a time (`lax.map`) and recomputed
+  in the backward pass (`jax.checkpoint`): at most [chunk, V] of them live at once, forward or backward."""
+  B, T, D = h_BTD.shape
+  valid_BT = jnp.ones((B, T), bool) if valid_BT is None else jnp.asarray(valid_BT).astype(bool)
+  prev, _ = _prev_next(valid_BT)
+  prev, has_prev = prev[:, start:], (valid_BT & (prev >= 0))[:, start:]
+  h = jnp.take_along_axis(h_BTD, jnp.maximum(prev, 0)[..., None], axis=1).reshape(-1, D)  # [B·N, D]
+  tok = tokens_BT[:, start:].reshape(-1).astype(jnp.int32)
+  n = h.shape[0]
+  pad = -n % chunk
+  h = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, chunk, D)
+  tok = jnp.pad(tok, (0, pad)).reshape(-1, chunk)
+
+  @jax.checkpoint
+  def one(xs):
+    h_c, t_c = xs
+    z = logits_from_hidden(params, h_c, mcfg)  # f32 [chunk, V]
+    if temperature != 1.0:
+      z = z / temperature
+    lse = jax.nn.logsumexp(z, axis=-1)
+    lp = jnp.take_along_axis(z, t_c[:, None], axis=-1)[:, 0] - lse
+    if not with_entropy:
+      return lp, jnp.zeros_like(lp)
+    return lp, losses.entropy_from_logits(z[None], jnp.ones((1, chunk), bool))[0]
+
+  lp, ent = lax.map(one, (h, tok))
+  back = lambda x: jnp.concatenate(
+    [jnp.zeros((B, start), jnp.float32), jnp.where(has_prev, x.reshape(-1)[:n].reshape(B, T - start), 0.0)], axis=1
+  )
+  return (back(lp), back(ent)) if with_entropy else back(lp)
 
 
 def completion_logits(
@@ -214,7 +262,15 @@ def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, 
   """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
   h = _hidden(params, lora, r, mcfg, cfg, _numerics(cfg, cfg.qat_alpha(step)), remat=cfg.remat)
   out = logprobs_from_hidden(
-    params, h, r.tokens, r.valid, mcfg, start=r.prompt_len, temperature=cfg.temperature, with_entropy=with_entropy
+    params,
+    h,
+    r.tokens,
+    r.valid,
+    mcfg,
+    start=r.prompt_len,
+    temperature=cfg.temperature,
+    with_entropy=with_entropy,
+    chunk=cfg.logit_chunk,
   )
   return (out if with_entropy else (out, None)) + (h,)
 
@@ -246,7 +302,14 @@ def token_logprobs(
   alpha = None if step is None else cfg.qat_alpha(step)
   h = _hidden(params, lora, rollout, mcfg, cfg, _numerics(cfg, alpha))
   return logprobs_from_hidden(
-    params, h, rollout.tokens, rollout.valid, mcfg, start=rollout.prompt_len, temperature=cfg.temperature
+    params,
+    h,
+    rollout.tokens,
+    rollout.valid,
+    mcfg,
+    start=rollout.prompt_len,
+    temperature=cfg.temperature,
+    chunk=cfg.logit_chunk,
   )
 
 

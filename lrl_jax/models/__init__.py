@@ -8,6 +8,7 @@ optionally fake-quantized by `qat_rules`) or `quant.QArray`s (sampler).
 from lrl_jax.models.config import ARCHS, ModelConfig
 from lrl_jax.models.decoder import (
   ACTIVATION_AXES,
+  REMAT_POLICIES,
   KVCache,
   Numerics,
   check_params,
@@ -19,6 +20,7 @@ from lrl_jax.models.decoder import (
   logits_from_hidden,
   param_logical_axes,
   param_shapes,
+  remat_policy,
 )
 from lrl_jax.models.hf import (
   Tokenizer,
@@ -43,6 +45,8 @@ __all__ = [
   "forward",
   "forward_hidden",
   "forward_hidden_grouped",
+  "remat_policy",
+  "REMAT_POLICIES",
   "init_cache",
   "init_params",
   "logits_from_hidden",

@@ -67,6 +67,8 @@ __all__ = [
   "forward_hidden",
   "forward_hidden_grouped",
   "logits_from_hidden",
+  "remat_policy",
+  "REMAT_POLICIES",
   "param_shapes",
   "check_params",
   "param_logical_axes",
@@ -517,6 +519,37 @@ def _layer(cfg: ModelConfig, specs, lora_scale, x, lp, lora_lp, positions_BT, kv
   return _constrain(x, "hidden_BTD")
 
 
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload")
+
+
+def remat_policy(remat):
+  """(wrap, policy) of a `remat` setting: whether each decoder block is rematerialized in the backward pass, and
+  what it keeps (`jax.checkpoint_policies`).
+
+  False / "none": nothing recomputed (every activation kept). True / "full": nothing saved, the whole block
+  recomputed (`nothing_saveable`). "dots": matmul outputs kept, elementwise work recomputed (`dots_saveable`).
+  "dots_no_batch": only matmuls without batch dimensions kept, i.e. the projections, not attention's score and
+  value products (`dots_with_no_batch_dims_saveable`). "offload": those kept in host memory instead of the
+  device's (`offload_dot_with_no_batch_dims`; a backend with a host memory space: GPU / TPU).
+  """
+  if remat in (False, None, "none"):
+    return False, None
+  if remat in (True, "full"):
+    return True, jax.checkpoint_policies.nothing_saveable
+  if remat == "dots":
+    return True, jax.checkpoint_policies.dots_saveable
+  if remat == "dots_no_batch":
+    return True, jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  if remat == "offload":
+    return True, jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+  raise ValueError(f"remat must be a bool or one of {REMAT_POLICIES}; got {remat!r}")
+
+
+def _remat(body, remat):
+  wrap, policy = remat_policy(remat)
+  return jax.checkpoint(body, policy=policy) if wrap else body
+
+
 def _default_positions(valid_BT, cache: KVCache | None):
   """RoPE position of each token: the number of valid tokens before it in its row (cache included)."""
   before = jnp.cumsum(valid_BT.astype(jnp.int32), axis=1) - valid_BT.astype(jnp.int32)
@@ -538,7 +571,7 @@ def forward_hidden(
   causal_cache: bool = True,
   numerics: Numerics | None = None,
   lora=None,
-  remat: bool = False,
+  remat: bool | str = False,
 ):
   """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
 
@@ -598,8 +631,7 @@ def forward_hidden(
       lp, llp = xs
       return _layer(cfg, specs, lora_scale, x, lp, llp, positions_BT, lambda k, v: (k, v, mask_BTS)), None
 
-    if remat:
-      body = jax.checkpoint(body)
+    body = _remat(body, remat)
     x, _ = lax.scan(body, x, (layers, lora_params))
     new_cache = None
   else:
@@ -658,7 +690,7 @@ def forward_hidden_grouped(
   valid_BT=None,
   numerics: Numerics | None = None,
   lora=None,
-  remat: bool = False,
+  remat: bool | str = False,
 ):
   """`forward_hidden` (no cache) of rows whose groups share a prompt, running each prompt once: (hidden_BTD, None).
 
@@ -725,8 +757,7 @@ def forward_hidden_grouped(
     x_c = _layer(cfg, specs, lora_scale, x_c, lp, llp, pos_c, completion_kv)
     return (x_p, x_c), None
 
-  if remat:
-    body = jax.checkpoint(body)
+  body = _remat(body, remat)
   (x_p, x_c), _ = lax.scan(body, (x_p, x_c), (params["layers"], lora_params))
   x = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
   return _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt), None
@@ -761,7 +792,7 @@ def forward(
   causal_cache: bool = True,
   numerics: Numerics | None = None,
   lora=None,
-  remat: bool = False,
+  remat: bool | str = False,
 ):
   """Decoder forward pass.
 
@@ -785,7 +816,8 @@ def forward(
     numerics: a `Numerics` (the learner's QAT rules and warm-up α, the sampler's FP8 activations), or None:
       the matmuls in `cfg.dtype` on the kernels as they are (float, or served QArrays).
     lora: a `models.lora.Lora` (adapters added to the selected layer kernels), or None.
-    remat: rematerialize each layer in the backward pass (`jax.checkpoint`).
+    remat: rematerialize each layer in the backward pass (`jax.checkpoint`): a bool or a policy name
+      (`remat_policy`: "none", "full", "dots", "dots_no_batch", "offload").
 
   Returns:
     (logits_BTV float32 [B, T, V], the updated cache or None).

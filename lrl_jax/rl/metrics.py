@@ -186,7 +186,8 @@ def plot_run(out_dir: str | os.PathLike, records: list[dict] | None = None) -> l
   ax.set_xlabel("RL step")
   ax.set_yscale("log")
   ax.grid(alpha=0.3)
-  ax.legend(loc="upper right")
+  if ax.get_lines():  # a run without RL steps (a recovery alone) has no mismatch to draw
+    ax.legend(loc="upper right")
   ax.set_title("train-inference mismatch (learner π vs sampler μ)")
   fig.tight_layout()
   paths.append(out_dir / "mismatch.png")

@@ -50,21 +50,32 @@ def test_grouped_logprobs_equal_full_forward(rollout):
   )
   bound.assert_stable()
   np.testing.assert_array_less(np.abs(got - want), 2 * bound.err + 1e-30)
+  # Logits 5 positions at a time (`learner.logit_chunk`): the same dot products and sums, in smaller matmuls.
+  chunked = np.asarray(L.token_logprobs(params, r, MC, cfg=F32.replace(logit_chunk=5)), np.float64)
+  np.testing.assert_array_less(np.abs(chunked - want), 2 * bound.err + 1e-30)
   assert np.all(got[:, :P] == 0)
   m = np.asarray(r.loss_mask)
   assert np.all(got[~m & (np.arange(P + N) >= P)] == 0)  # after EOS: no token, no score
 
 
 def test_grouped_step_equals_ungrouped(rollout):
-  """One update with the prompt shared (whole groups per micro-batch, M = 1 and 3) == without sharing (M = 1), to
-  f32 reordering (assert_update_close's stated tolerances)."""
+  """One update with the prompt shared (whole groups per micro-batch, M = 1 and 3), with chunked logits and with
+  each remat policy == without sharing, chunking or remat (M = 1), to f32 reordering (assert_update_close's stated
+  tolerances): remat recomputes the same operations, chunking splits one matmul into smaller ones."""
   params, r = rollout
   ref_cfg = F32.replace(share_prompt=False)
   state = L.create_train_state(jax.random.PRNGKey(0), MC, ref_cfg, params=params)
   new, m_ref = L.train_step(state, r, model_cfg=MC, cfg=ref_cfg)
   ref = host(new.params), host(new.opt_state)
-  for micro in (1, 3):
-    cfg = F32.replace(micro_batches=micro)
+  variants = [
+    dict(micro_batches=1),
+    dict(micro_batches=3),
+    dict(logit_chunk=5, remat="full"),
+    dict(remat="dots"),
+    dict(remat="dots_no_batch", micro_batches=3),
+  ]
+  for kw in variants:
+    cfg = F32.replace(**kw)
     state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, params=params)
     new, m = L.train_step(state, r, model_cfg=MC, cfg=cfg)
     assert_update_close(host(new.params), host(new.opt_state), *ref)

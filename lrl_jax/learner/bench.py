@@ -1,0 +1,339 @@
+"""Learner benchmarks: what a step needs in memory, what QAT costs, and how fast it trains against a peer.
+
+lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1024] [--prompt 256]
+  peak bytes of the compiled GRPO train step (`compiled.memory_analysis()`, ahead of time on this backend:
+  nothing runs, nothing is allocated) and its `cost_analysis()` flops, for the baseline (f32 Adam, no remat,
+  logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits), then all.
+lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3]
+  SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
+  process (median of `repeats`, compile excluded), their ratio; the AOT `cost_analysis()` bytes accessed ratio
+  QAT / bf16 (the proxy where no accelerator runs it); the weight sync (`rl.sync`) as a fraction of the step.
+lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
+  the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
+  transformers + torch f32 on the CPU (the `ref` extra; skipped without it), tokens trained per second, and
+  against the matmul bound: the step's flops (`cost_analysis()`) over the machine's measured f32 dot rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lrl_jax import models, quant
+from lrl_jax.learner.config import LearnerConfig
+from lrl_jax.learner.state import create_train_state
+from lrl_jax.learner.step import train_step
+from lrl_jax.rollout import Rollout
+
+__all__ = ["MODELS", "abstract_rollout", "step_memory", "main"]
+
+MODELS = {
+  "smollm2": models.ModelConfig(
+    arch="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    dtype="bfloat16",
+  ),
+  # Qwen2.5-7B's shapes (config.json of Qwen/Qwen2.5-7B): 28 layers, 3584 wide, GQA 28 / 4 heads, SwiGLU 18944.
+  "qwen2.5-7b": models.ModelConfig(
+    arch="qwen2",
+    vocab_size=152064,
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_layers=28,
+    num_heads=28,
+    num_kv_heads=4,
+    head_dim=128,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    max_position_embeddings=32768,
+    dtype="bfloat16",
+  ),
+}
+
+BASELINE = dict(opt_state_dtype="float32", remat="none", logit_chunk=None)
+TECHNIQUES = {
+  "baseline (f32 Adam, no remat, logits whole)": {},
+  "8-bit Adam moments (fp8, blocks of 256)": dict(opt_state_dtype="fp8"),
+  "remat: dots_no_batch": dict(remat="dots_no_batch"),
+  "remat: full": dict(remat="full"),
+  "logits in chunks of 256 positions": dict(logit_chunk=256),
+  "all: fp8 moments + full remat + chunks": dict(opt_state_dtype="fp8", remat="full", logit_chunk=256),
+}
+
+
+def abstract_rollout(batch: int, seq: int, prompt: int, group: int) -> Rollout:
+  """ShapeDtypeStructs of a GRPO rollout: `batch` completions in groups of `group`, `prompt` + completion slots."""
+  s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
+  return Rollout(
+    tokens=s((batch, seq), jnp.int32),
+    loss_mask=s((batch, seq), jnp.bool_),
+    sampler_logp=s((batch, seq), jnp.float32),
+    valid=s((batch, seq), jnp.bool_),
+    advantages=s((batch,), jnp.float32),
+    group_size=group,
+    prompt_len=prompt,
+  )
+
+
+def _compiled_step(model_cfg, cfg: LearnerConfig, rollout):
+  state = jax.eval_shape(lambda k: create_train_state(k, model_cfg, cfg), jax.ShapeDtypeStruct((2,), jnp.uint32))
+  return train_step.lower(state, rollout, model_cfg=model_cfg, cfg=cfg).compile()
+
+
+def step_memory(model_cfg, cfg: LearnerConfig, rollout) -> dict[str, float]:
+  """{"peak_bytes", "argument_bytes", "temp_bytes", "flops", "bytes_accessed"} of the compiled train step.
+
+  peak = arguments + temporaries + outputs − aliased (the donated state is aliased with the new one)."""
+  c = _compiled_step(model_cfg, cfg, rollout)
+  m = c.memory_analysis()
+  cost = c.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  peak = m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+  return {
+    "peak_bytes": float(peak),
+    "argument_bytes": float(m.argument_size_in_bytes),
+    "temp_bytes": float(m.temp_size_in_bytes),
+    "flops": float(cost.get("flops", float("nan"))),
+    "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
+  }
+
+
+def memory(args) -> int:
+  print(
+    f"GRPO train step, batch {args.batch} x {args.seq} tokens (prompt {args.prompt}, groups of {args.group}), bf16 "
+    f"compute, compiled ahead of time for {jax.default_backend()} (nothing runs); peak = arguments + temporaries "
+    f"+ outputs - aliased",
+    flush=True,
+  )
+  roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)
+  print("\n| model | technique | peak GiB | vs baseline | state (args) GiB | temporaries GiB | TFLOP / step |")
+  print("|---|---|---|---|---|---|---|")
+  # cost_analysis() counts a loop body once: the chunked-logits rows undercount their flops, so only the rows
+  # without chunks print them.
+  for name in args.models:
+    mc = MODELS[name]
+    base = None
+    for label, kw in TECHNIQUES.items():
+      cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
+      t0 = time.perf_counter()
+      m = step_memory(mc, cfg, roll)
+      base = base or m["peak_bytes"]
+      print(
+        f"| {name} | {label} | {m['peak_bytes'] / 2**30:.2f} | {m['peak_bytes'] / base:.2f}x | "
+        f"{m['argument_bytes'] / 2**30:.2f} | {m['temp_bytes'] / 2**30:.2f} | "
+        f"{'' if cfg.logit_chunk else format(m['flops'] / 1e12, '.1f')} |",
+        flush=True,
+      )
+      if args.verbose:
+        print(f"  (compiled in {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+  return 0
+
+
+# --------------------------------------------------------------------------- timed steps (random weights)
+
+
+def _batch(mc, batch: int, seq: int, prompt: int, group: int, seed: int = 0) -> Rollout:
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, mc.vocab_size, (batch // group, seq))
+  tokens = np.repeat(tokens, group, axis=0)
+  tokens[:, prompt:] = rng.integers(0, mc.vocab_size, (batch, seq - prompt))
+  mask = np.zeros((batch, seq), bool)
+  mask[:, prompt:] = True
+  return Rollout(
+    tokens=jnp.asarray(tokens, jnp.int32),
+    loss_mask=jnp.asarray(mask),
+    sampler_logp=jnp.asarray(-rng.random((batch, seq)) * mask, jnp.float32),
+    valid=jnp.ones((batch, seq), bool),
+    advantages=jnp.asarray(rng.standard_normal(batch), jnp.float32),
+    group_size=group,
+    prompt_len=prompt,
+  )
+
+
+def _time_steps(mc, cfg: LearnerConfig, roll: Rollout, repeats: int, params) -> float:
+  """Median seconds of one train step (compile and a first step excluded)."""
+  state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
+  state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
+  jax.block_until_ready(m)
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
+    jax.block_until_ready(m)
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
+QAT_FORMATS = {"int4 g64": quant.Int4(group_size=64), "nvfp4": quant.NVFP4(), "fp8": quant.FP8()}
+
+
+def qat(args) -> int:
+  from lrl_jax.rl.sync import SyncSpec, sync  # noqa: PLC0415  (rl builds on the learner)
+
+  mc = MODELS["smollm2"]
+  roll = _batch(mc, args.batch, args.seq, args.prompt, args.group)
+  params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
+  print(
+    f"SmolLM2-135M shapes (random weights), GRPO step on {args.batch} x {args.seq} tokens (prompt {args.prompt}, "
+    f"groups of {args.group}), bf16 compute, {jax.default_backend()}, {os.cpu_count()} cores; median of "
+    f"{args.repeats}, compile excluded",
+    flush=True,
+  )
+  base_cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
+  t_base = _time_steps(mc, base_cfg, roll, args.repeats, params)
+  cost_base = step_memory(mc, base_cfg, roll)
+  print("\n| learner | step s | vs bf16 | AOT bytes accessed vs bf16 | sync s | sync / (step + sync) |")
+  print("|---|---|---|---|---|---|")
+  print(f"| bf16 | {t_base:.2f} | 1.00x | 1.00x | | |", flush=True)
+  for name, spec in QAT_FORMATS.items():
+    cfg = base_cfg.replace(qat=spec)
+    t = _time_steps(mc, cfg, roll, args.repeats, params)
+    cost = step_memory(mc, cfg, roll)
+    spec_sync = SyncSpec(rules=quant.QuantRules.default(spec), dtype=jnp.bfloat16)
+    jax.block_until_ready(sync(params, spec_sync))
+    ts = []
+    for _ in range(args.repeats):
+      t0 = time.perf_counter()
+      jax.block_until_ready(sync(params, spec_sync))
+      ts.append(time.perf_counter() - t0)
+    t_sync = float(np.median(ts))
+    print(
+      f"| {name} QAT | {t:.2f} | {t / t_base:.2f}x | {cost['bytes_accessed'] / cost_base['bytes_accessed']:.2f}x | "
+      f"{t_sync:.2f} | {100 * t_sync / (t + t_sync):.1f}% |",
+      flush=True,
+    )
+  return 0
+
+
+def _dot_rate(n: int = 2048, repeats: int = 5) -> float:
+  """This machine's measured f32 matmul rate (flop/s) through XLA: an n x n x n dot, best of `repeats`."""
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  jax.block_until_ready(f(a, a))
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(f(a, a))
+    best = min(best, time.perf_counter() - t)
+  return 2 * n**3 / best
+
+
+def _torch_step(batch: int, seq: int, prompt: int, repeats: int, threads: int):
+  """transformers + torch f32: forward, a masked token log-prob loss, backward, AdamW; median seconds, or None."""
+  try:
+    import torch  # noqa: PLC0415  (the `ref` extra)
+    import transformers  # noqa: PLC0415
+  except ImportError as e:
+    return None, f"skipped: {e} (pip install -e '.[ref]')"
+  torch.set_num_threads(threads)
+  mc = MODELS["smollm2"]
+  hf = transformers.LlamaConfig(
+    vocab_size=mc.vocab_size,
+    hidden_size=mc.hidden_size,
+    intermediate_size=mc.intermediate_size,
+    num_hidden_layers=mc.num_layers,
+    num_attention_heads=mc.num_heads,
+    num_key_value_heads=mc.num_kv_heads,
+    head_dim=mc.head_dim,
+    tie_word_embeddings=True,
+    max_position_embeddings=mc.max_position_embeddings,
+  )
+  torch.manual_seed(0)
+  model = transformers.LlamaForCausalLM(hf).float().train()
+  opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+  g = torch.Generator().manual_seed(0)
+  ids = torch.randint(0, mc.vocab_size, (batch, seq), generator=g)
+  adv = torch.randn(batch, generator=g)
+
+  def step():
+    opt.zero_grad(set_to_none=True)
+    n = seq - prompt
+    logits = model(input_ids=ids, logits_to_keep=n + 1).logits[:, :-1].float()  # the completion slots' predictions
+    logp = torch.log_softmax(logits, -1).gather(-1, ids[:, prompt:, None])[..., 0]
+    loss = -(logp * adv[:, None]).mean()
+    loss.backward()
+    opt.step()
+
+  step()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+  return float(np.median(times)), f"transformers {transformers.__version__} + torch {torch.__version__} f32"
+
+
+def torch_peer(args) -> int:
+  mc = MODELS["smollm2"]
+  threads = os.cpu_count() or 1
+  roll = _batch(mc, args.batch, args.seq, args.prompt, args.group)
+  params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
+  n_tok = args.batch * args.seq
+  print(
+    f"SmolLM2-135M shapes (random weights), one GRPO-sized step (forward + backward + AdamW) on {args.batch} x "
+    f"{args.seq} tokens (loss on the last {args.seq - args.prompt}), {threads} cores; median of {args.repeats}",
+    flush=True,
+  )
+  rate = _dot_rate()
+  print(f"measured f32 dot rate (2048^3, XLA): {rate / 1e9:.1f} GFLOP/s", flush=True)
+  print("\n| learner | step s | tokens / s | vs torch | flops / step (cost_analysis) | matmul bound s | vs bound |")
+  print("|---|---|---|---|---|---|---|")
+  t_torch, label = _torch_step(args.batch, args.seq, args.prompt, args.repeats, threads)
+  rows = []
+  for name, kw in (
+    ("lrl_jax f32, prompt shared", dict(compute_dtype="float32")),
+    ("lrl_jax f32, no sharing", dict(compute_dtype="float32", share_prompt=False)),
+    ("lrl_jax bf16, prompt shared", dict(compute_dtype="bfloat16")),
+  ):
+    cfg = LearnerConfig(lr=1e-6, **kw)
+    t = _time_steps(mc, cfg, roll, args.repeats, params)
+    flops = step_memory(mc, cfg, roll)["flops"]
+    rows.append((name, t, flops))
+  if t_torch is not None:
+    print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | |")
+  else:
+    print(f"| transformers + torch | — | — | {label} | | | |")
+  for name, t, flops in rows:
+    vs = f"{t_torch / t:.2f}x" if t_torch else ""
+    bound = flops / rate
+    print(f"| {name} | {t:.2f} | {n_tok / t:.0f} | {vs} | {flops / 1e12:.2f} T | {bound:.2f} | {t / bound:.2f}x |")
+  return 0
+
+
+def main(argv=None) -> int:
+  """`lrl-jax bench learner memory | qat | torch [...]` (module docstring)."""
+  ap = argparse.ArgumentParser(prog="lrl-jax bench learner", description=__doc__.split("\n\n")[0])
+  ap.add_argument("what", choices=["memory", "qat", "torch"])
+  ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+  ap.add_argument("--batch", type=int, default=None, help="completions per step (memory: 64; qat / torch: 16)")
+  ap.add_argument("--seq", type=int, default=None, help="tokens per completion row (memory: 1024; qat / torch: 72)")
+  ap.add_argument("--prompt", type=int, default=None, help="prompt slots (memory: 256; qat / torch: 48)")
+  ap.add_argument("--group", type=int, default=8, help="completions per prompt (the learner runs a prompt once)")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--verbose", action="store_true")
+  args = ap.parse_args(argv)
+  big = args.what == "memory"
+  args.batch = args.batch or (64 if big else 16)
+  args.seq = args.seq or (1024 if big else 72)
+  args.prompt = args.prompt or (256 if big else 48)
+  return {"memory": memory, "qat": qat, "torch": torch_peer}[args.what](args)
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""8-bit Adam moments (learner/adam8.py): the stored moments against the E4M3 format's own rounding bound and an
+ml_dtypes cast, one update against a float64 NumPy Adam step from the stored state, the state's bytes, sharding on
+a mesh and an orbax round trip through the learner."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from _learner_util import make_batch, tiny_cfg
+
+from lrl_jax import learner as L
+from lrl_jax.learner.adam8 import block_size, decode_moment, encode_moment, scale_by_adam_8bit
+
+
+def _np_encode(x, b):
+  """float64 reference of the blockwise absmax E4M3 moment: (codes as float64, scale per block)."""
+  xb = x.reshape(x.shape[:-1] + (x.shape[-1] // b, b)).astype(np.float32)
+  s = (np.abs(xb).max(-1, keepdims=True) / np.float32(448)).astype(np.float32)
+  s = np.where(s > 0, s, np.float32(1))
+  codes = np.clip(xb / s, -448, 448).astype(ml_dtypes.float8_e4m3fn)
+  return codes.astype(np.float64), s.astype(np.float64)
+
+
+def test_moments_round_trip_within_the_e4m3_bound():
+  """|decode(encode(x)) − x| <= 2^-4·|x| (3 mantissa bits, round to nearest) + 2^-10·s_b (below the normal range,
+  2^-6·s_b: the subnormal spacing 2^-9·s_b, halved); codes equal an ml_dtypes cast."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((3, 768)) * np.exp(rng.uniform(-12, 2, (3, 768)))  # ~6 decades within a block
+  x[1, :256] = 0.0  # an all-zero block
+  b = block_size(768, 256)
+  assert b == 256 and block_size(576, 256) == 192 and block_size(7, 256) == 7
+  codes, scale = encode_moment(jnp.asarray(x, jnp.float32), 256)
+  assert codes.dtype == jnp.float8_e4m3fn and codes.shape == x.shape and scale.shape == (3, 3)
+  got = np.asarray(decode_moment(codes, scale, 256), np.float64)
+  want_codes, want_s = _np_encode(x, b)
+  np.testing.assert_array_equal(np.asarray(codes).astype(np.float64), want_codes.reshape(x.shape))
+  s_el = np.repeat(want_s[..., 0], b, axis=-1)
+  x32 = x.astype(np.float32).astype(np.float64)
+  assert np.all(np.abs(got - x32) <= 2.0**-4 * np.abs(x32) + 2.0**-10 * s_el)
+  assert np.all(got[1, :256] == 0)
+
+
+def test_update_is_adam_on_the_stored_moments():
+  """Step 2's update == a float64 NumPy Adam step from the decoded state (bias-corrected), to f32 rounding; step 1's
+  == exact Adam (nothing stored yet)."""
+  rng = np.random.default_rng(1)
+  p = {"w": jnp.asarray(rng.standard_normal((4, 512)), jnp.float32), "b": jnp.zeros((512,), jnp.float32)}
+  tx = scale_by_adam_8bit(0.9, 0.999, 1e-8, block=256)
+  st = tx.init(p)
+  g1 = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.standard_normal(x.shape), jnp.float32), p)
+  u1, st = tx.update(g1, st)
+  for k in p:
+    g = np.asarray(g1[k], np.float64)
+    want = (0.1 * g / 0.1) / (np.sqrt(0.001 * g * g / 0.001) + 1e-8)  # = sign(g) up to eps
+    np.testing.assert_allclose(np.asarray(u1[k]), want, rtol=1e-5, atol=1e-6)
+  g2 = jax.tree_util.tree_map(lambda x: jnp.asarray(rng.standard_normal(x.shape) * 1e-3, jnp.float32), p)
+  u2, st2 = tx.update(g2, st)
+  for k in p:
+    m = np.asarray(decode_moment(st.m_codes[k], st.m_scale[k], 256), np.float64)
+    r = np.asarray(decode_moment(st.r_codes[k], st.r_scale[k], 256), np.float64)
+    g = np.asarray(g2[k], np.float64)
+    m2, v2 = 0.9 * m + 0.1 * g, 0.999 * r * r + 0.001 * g * g
+    want = (m2 / (1 - 0.9**2)) / (np.sqrt(v2 / (1 - 0.999**2)) + 1e-8)
+    np.testing.assert_allclose(np.asarray(u2[k]), want, rtol=1e-5, atol=1e-6)  # f32 arithmetic: ~10 ulps
+  assert int(st2.count) == 2
+
+
+def test_state_bytes_are_about_four_times_smaller():
+  p = {"w": jnp.zeros((512, 1024)), "v": jnp.zeros((1024, 576))}
+  f32 = L.make_optimizer(L.LearnerConfig(lr=1e-3, grad_clip=None)).init(p)
+  q8 = L.make_optimizer(L.LearnerConfig(lr=1e-3, grad_clip=None, opt_state_dtype="fp8")).init(p)
+  nbytes = lambda t: sum(x.nbytes for x in jax.tree_util.tree_leaves(t))  # noqa: E731
+  # per element: 2 moments x 4 bytes vs 2 x (1 + 4/256) (w) and 2 x (1 + 4/192) (v: 576 = 3·192)
+  assert nbytes(f32) / nbytes(q8) == pytest.approx(
+    8 / (2 + 8 * (512 * 4 + 1024 * 3) / (512 * 1024 + 1024 * 576)), rel=1e-3
+  )
+  assert nbytes(f32) / nbytes(q8) > 3.8
+
+
+def test_fp8_state_trains_shards_and_checkpoints(tmp_path):
+  """A learner step with 8-bit moments on a (2, 2, 2) mesh (block scales replicated where a mesh axis does not divide
+  them) equals the single-device step to f32 reordering, and the state survives an orbax round trip bit for bit."""
+  mc = tiny_cfg()
+  cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", opt_state_dtype="fp8", opt_state_block=16)
+  st = L.create_train_state(jax.random.PRNGKey(0), mc, cfg)
+  batch = make_batch(0, mc, st.params)
+  one, m1 = L.train_step(st, batch, model_cfg=mc, cfg=cfg)
+  mesh = L.make_mesh(data=2, fsdp=2, tensor=2)
+  st_m = L.create_train_state(jax.random.PRNGKey(0), mc, cfg, mesh=mesh)
+  sharded, m8 = L.train_step(st_m, L.shard_batch(batch, mesh), model_cfg=mc, cfg=cfg, mesh=mesh)
+  assert float(m8["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(one.params), jax.tree_util.tree_leaves(sharded.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)  # ≤ 2·lr·(f32 reordering / ε) as in make_batch
+  ck = L.Checkpointer(tmp_path / "ck", save_every=1)
+  ck.save(one)
+  ck.wait()
+  back = ck.restore_latest(one)
+  ck.close()
+  for a, b in zip(jax.tree_util.tree_leaves(one.opt_state), jax.tree_util.tree_leaves(back.opt_state)):
+    assert a.dtype == b.dtype
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
