@@ -59,7 +59,7 @@ QUICKSTART = Path(__file__).resolve().parent.parent / "configs" / "quickstart.ya
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv and argv[0] == "demo":  # the README's main job: the embedded quickstart RL run
-    argv = ["train", str(QUICKSTART), *argv[1:]]
+    argv = ["train", str(QUICKSTART), "--overwrite", *argv[1:]]  # a demo replaces its previous run
   if argv and argv[0] in _RL_COMMANDS:  # `lrl-jax train configs/x.yaml [key=value ...]` and friends
     from lrl_jax.rl import cli as rl_cli  # noqa: PLC0415
 

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
       ],
     )
     t0 = time.perf_counter()
-    r = train(cfg, progress=False, export=False)
+    r = train(cfg, overwrite=True, progress=False, export=False)
     rewards = [x["reward_mean"] for x in r.records]
     mism = [x.get("mismatch/prob_abs_diff_mean") for x in r.records]
     rows.append(

@@ -64,7 +64,7 @@ def _run(config: str, overrides: list[str], out: Path, reuse: bool, *, export: b
   if reuse and key.is_file() and json.loads(key.read_text()) == overrides and (out / "eval_after.jsonl").is_file():
     return out
   cfg = load_config(config, [*overrides, f"run.out_dir={out}"])
-  train(cfg, progress=False, export=export)
+  train(cfg, overwrite=True, progress=False, export=export)
   key.write_text(json.dumps(overrides))
   return out
 

@@ -4,7 +4,7 @@ functions on a `Rollout` (`prepare_rollout`, `train_step`), checkpoints.
 See lrl_jax/learner/README.md.
 """
 
-from lrl_jax.learner.checkpoint import Checkpointer, abstract_state
+from lrl_jax.learner.checkpoint import Checkpointer, CheckpointError, abstract_state
 from lrl_jax.learner.config import CORRECTIONS, POLICY_LOSSES, CorrectionConfig, LearnerConfig, ValueConfig
 from lrl_jax.learner.mesh import (
   ACTIVATION_RULES,
@@ -87,6 +87,7 @@ __all__ = [
   "NonFiniteGuard",
   "NonFiniteError",
   "Checkpointer",
+  "CheckpointError",
   "abstract_state",
   "initialize_distributed",
 ]

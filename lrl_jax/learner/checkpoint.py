@@ -16,19 +16,60 @@ keys as the uninterrupted run did, and computes the same numbers.
 
 Saved leaves: every array of the state, including a frozen base (LoRA mode). Keys are
 stored as raw uint32 data (TrainState.rng), which orbax writes like any array.
+
+Integrity: orbax does not notice a file truncated by a few bytes, so each complete checkpoint also gets
+`lrl_checksums.json` (every file's size and CRC-32) once it is on disk; `restore_latest` verifies the newest
+checkpoint against it (and lets orbax read it) and, when either fails, warns with one line naming the damaged
+checkpoint and falls back to the next newest. A state whose parameters are not all finite is never written
+(`NonFiniteError`): "the last good checkpoint" stays good. Temporary directories a killed save left behind
+(`*.orbax-checkpoint-tmp-*`) are removed when a Checkpointer opens the directory (a run owns its directory).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import zlib
+from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from lrl_jax.learner.state import TrainState
 
-__all__ = ["Checkpointer", "abstract_state"]
+__all__ = ["Checkpointer", "CheckpointError", "abstract_state"]
+
+log = logging.getLogger(__name__)
+_CHECKSUMS = "lrl_checksums.json"
+
+
+class CheckpointError(RuntimeError):
+  """No intact checkpoint could be restored (each one tried is named with what was wrong)."""
+
+
+def _file_sums(step_dir: Path) -> dict[str, list[int]]:
+  """{relative path: [size, crc32]} of every file under a checkpoint directory (the checksum file excepted)."""
+  out = {}
+  for f in sorted(step_dir.rglob("*")):
+    if f.is_file() and f.name != _CHECKSUMS:
+      crc = 0
+      with open(f, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+          crc = zlib.crc32(chunk, crc)
+      out[str(f.relative_to(step_dir))] = [f.stat().st_size, crc]
+  return out
+
+
+def _nonfinite_leaves(tree) -> list[str]:
+  bad = []
+  for kp, x in jax.tree_util.tree_leaves_with_path(tree):
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and not bool(jnp.all(jnp.isfinite(x))):
+      bad.append(jax.tree_util.keystr(kp))
+  return bad
 
 
 def abstract_state(state_or_shapes, shardings=None):
@@ -72,7 +113,12 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(
       save_interval_steps=1, max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
     )
+    for tmp in Path(self.directory).glob("*.orbax-checkpoint-tmp-*"):  # a save killed half-way
+      log.warning("removing %s: the unfinished save of a killed run", tmp)
+      shutil.rmtree(tmp, ignore_errors=True)
     self._mngr = ocp.CheckpointManager(self.directory, options=options)
+    self._async = async_save
+    self._unsummed: list[int] = []
 
   def maybe_save(self, state: TrainState, *, force: bool = False) -> bool:
     """Saves `state` under its step if the step is a multiple of `save_every` (or `force`).
@@ -82,7 +128,50 @@ class Checkpointer:
     step = int(jax.device_get(state.step))
     if step in self._mngr.all_steps() or not (force or step % self.save_every == 0):
       return False
-    return bool(self._mngr.save(step, args=ocp.args.StandardSave(state), force=True))
+    bad = _nonfinite_leaves(state.params) + _nonfinite_leaves(state.lora)
+    if bad:
+      from lrl_jax.learner.step import NonFiniteError  # noqa: PLC0415  (step imports this module's state)
+
+      raise NonFiniteError(
+        f"refusing to checkpoint step {step}: {len(bad)} parameter leaves are not finite ({', '.join(bad[:3])}"
+        f"{', ...' if len(bad) > 3 else ''}); the checkpoints in {self.directory} are left as they were"
+      )
+    saved = bool(self._mngr.save(step, args=ocp.args.StandardSave(state), force=True))
+    if saved:
+      self._unsummed.append(step)
+      if not self._async:  # a synchronous save is on disk now
+        self._write_sums()
+    return saved
+
+  def _write_sums(self) -> None:
+    for step in self._unsummed:
+      d = Path(self.directory) / str(step)
+      if d.is_dir():
+        tmp = d / (_CHECKSUMS + ".tmp")
+        tmp.write_text(json.dumps(_file_sums(d)))
+        tmp.replace(d / _CHECKSUMS)
+    self._unsummed = []
+
+  def verify(self, step: int) -> str | None:
+    """None if checkpoint `step`'s files match the sizes and CRC-32s written at save (or it has none to compare:
+    an older checkpoint), else what differs."""
+    d = Path(self.directory) / str(step)
+    f = d / _CHECKSUMS
+    if not f.is_file():
+      return None
+    try:
+      want = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+      return f"its checksum file {_CHECKSUMS} is unreadable ({type(e).__name__})"
+    have = _file_sums(d)
+    for name, (size, crc) in want.items():
+      if name not in have:
+        return f"file {name} is missing"
+      if have[name][0] != size:
+        return f"file {name} has {have[name][0]} bytes, {size} were written"
+      if have[name][1] != crc:
+        return f"file {name} does not match its CRC-32"
+    return None
 
   def save(self, state: TrainState) -> bool:
     """Saves now whatever the step (the final checkpoint of a run)."""
@@ -105,6 +194,9 @@ class Checkpointer:
     """
     if step not in self._mngr.all_steps():
       raise ValueError(f"no complete checkpoint for step {step} in {self.directory}; have {self.all_steps()}")
+    why = self.verify(step)
+    if why is not None:
+      raise CheckpointError(f"checkpoint {self.directory}/{step} is damaged: {why}")
     return self._mngr.restore(step, args=ocp.args.StandardRestore(abstract_state(target)))
 
   def restore_latest(self, target: Any, shardings=None) -> TrainState | None:
@@ -114,18 +206,29 @@ class Checkpointer:
       target: abstract or concrete TrainState (e.g. `jax.eval_shape` of `create_train_state`).
       shardings: `state_shardings(...)` to place the restored arrays; None: take them from `target`.
     """
-    step = self.latest_step()
-    if step is None:
+    steps = sorted(self._mngr.all_steps(), reverse=True)
+    if not steps:
       return None
     tgt = abstract_state(target, shardings)
-    return self._mngr.restore(step, args=ocp.args.StandardRestore(tgt))
+    tried = []
+    for step in steps:
+      why = self.verify(step)
+      if why is None:
+        try:
+          return self._mngr.restore(step, args=ocp.args.StandardRestore(tgt))
+        except Exception as e:  # orbax raises ValueError / OSError / tensorstore errors on damaged or mismatched files
+          why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+      tried.append(f"step {step}: {why}")
+      log.warning("checkpoint %s/%d is damaged (%s); trying the next newest", self.directory, step, why)
+    raise CheckpointError(f"no intact checkpoint in {self.directory}: " + "; ".join(tried))
 
   def wait(self) -> None:
-    """Blocks until an async save is on disk."""
+    """Blocks until an async save is on disk (and writes its checksums)."""
     self._mngr.wait_until_finished()
+    self._write_sums()
 
   def close(self) -> None:
-    self._mngr.wait_until_finished()
+    self.wait()
     self._mngr.close()
 
   def __enter__(self):

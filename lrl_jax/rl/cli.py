@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from lrl_jax import models
 from lrl_jax.config import ConfigError, describe, load_config
-from lrl_jax.learner import NonFiniteError
+from lrl_jax.learner import CheckpointError, NonFiniteError
 from lrl_jax.rl.loop import evaluate, restore_run, served_weights, train
 from lrl_jax.rl.setup import build_model
 from lrl_jax.rl.sync import merge_lora
@@ -65,9 +65,20 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def train_main(argv: list[str] | None = None) -> int:
-  """`lrl-jax train CONFIG [section.key=value ...] [--resume] [--no-progress] [--no-export]`."""
+  """`lrl-jax train CONFIG [section.key=value ...] [--resume | --overwrite] [--no-progress] [--no-export]`."""
   p = _config_parser("lrl-jax train", "Run an RL job: warm-up, RL steps, evaluation, checkpoints, plots.")
-  p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.out_dir")
+  p.add_argument(
+    "--resume",
+    action="store_true",
+    help="continue the run in run.out_dir from its newest intact checkpoint; refused without one, or when the "
+    "config changes what the checkpoint holds (only steps, evaluation and checkpoint cadence and the like may change)",
+  )
+  p.add_argument(
+    "--overwrite",
+    action="store_true",
+    help="replace the run already in run.out_dir (without --resume or --overwrite, a directory holding a run is "
+    "refused, so that no run's checkpoints are lost to a forgotten flag)",
+  )
   p.add_argument("--no-progress", action="store_true", help="no progress bars")
   p.add_argument("--no-export", action="store_true", help="skip the compressed-tensors export at the end")
   args, cfg, err = _parse(p, argv, "lrl-jax train", "a config file is required (e.g. configs/quickstart.yaml)")
@@ -81,12 +92,17 @@ def train_main(argv: list[str] | None = None) -> int:
     flush=True,
   )
   try:
-    r = train(cfg, resume=args.resume, progress=not args.no_progress, export=not args.no_export)
+    r = train(
+      cfg, resume=args.resume, overwrite=args.overwrite, progress=not args.no_progress, export=not args.no_export
+    )
   except NonFiniteError as e:
     print(f"lrl-jax train: stopped: {e}", file=sys.stderr)
     return EXIT_NONFINITE
   except ConfigError as e:
     print(f"lrl-jax train: config error: {e}", file=sys.stderr)
+    return EXIT_CONFIG
+  except (CheckpointError, FileNotFoundError) as e:
+    print(f"lrl-jax train: {e}", file=sys.stderr)
     return EXIT_CONFIG
   if r.accuracy_before is not None and r.accuracy_after is not None:
     print(
@@ -123,7 +139,11 @@ def eval_main(argv: list[str] | None = None) -> int:
     if not (Path(run) / "checkpoints").is_dir():
       print(f"lrl-jax eval: no checkpoints in {run} (train first, or pass --run DIR)", file=sys.stderr)
       return EXIT_CONFIG
-    setup, state = restore_run(cfg, out_dir=run)
+    try:
+      setup, state = restore_run(cfg, out_dir=run)
+    except CheckpointError as e:
+      print(f"lrl-jax eval: {e}", file=sys.stderr)
+      return EXIT_CONFIG
     if state is None:
       print(f"lrl-jax eval: no complete checkpoint in {run}/checkpoints", file=sys.stderr)
       return EXIT_CONFIG
@@ -165,7 +185,11 @@ def export_main(argv: list[str] | None = None) -> int:
   cfg, err = _load("lrl-jax export", run / "config.yaml", over)
   if cfg is None:
     return err
-  setup, state = restore_run(cfg, out_dir=str(run))
+  try:
+    setup, state = restore_run(cfg, out_dir=str(run))
+  except CheckpointError as e:
+    print(f"lrl-jax export: {e}", file=sys.stderr)
+    return EXIT_CONFIG
   if state is None:
     print(f"lrl-jax export: no complete checkpoint in {run}/checkpoints", file=sys.stderr)
     return EXIT_CONFIG

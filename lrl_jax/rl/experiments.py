@@ -99,7 +99,7 @@ def run_arm(
       *extra,
     ],
   )
-  r = train(cfg, progress=False, export=False)
+  r = train(cfg, overwrite=True, progress=False, export=False)
   rl = [x for x in r.records]
   rewards = [x["reward_mean"] for x in rl]
   s = RunSummary(

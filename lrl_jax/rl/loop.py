@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
 from lrl_jax.rl.recover import recover
 from lrl_jax.rl.rollouts import encode_prompt_batch, generate_rollout, score_rollout
+from lrl_jax.rl.rundir import check_run_dir, clear_run, write_config
 from lrl_jax.rl.setup import Setup, build_model, learner_mesh, new_state
 from lrl_jax.rl.sync import merge_lora, sync
 from lrl_jax.rl.warmup import supervised_warmup
@@ -317,13 +317,21 @@ def _rl_step(
 
 
 def train(
-  cfg, *, resume: bool = False, progress: bool = True, export: bool = True, _fail_after: int | None = None
+  cfg,
+  *,
+  resume: bool = False,
+  overwrite: bool = False,
+  progress: bool = True,
+  export: bool = True,
+  _fail_after: int | None = None,
 ) -> RunResult:
   """Runs the configured job: warm-up, RL steps with evaluation and checkpoints, plots, summary, export.
 
   Args:
     cfg: a `lrl_jax.config.Config`.
-    resume: continue from the latest checkpoint in `<run.out_dir>/checkpoints` (a fresh run if none).
+    resume: continue from the newest intact checkpoint in `<run.out_dir>/checkpoints` (refused when there is none,
+      or when the config changes what the checkpoint holds: `rl.rundir`).
+    overwrite: replace an earlier run in `run.out_dir` (without it, a directory that holds a run is refused).
     progress: show tqdm progress bars.
     export: write an INT4 / NVFP4 compressed-tensors checkpoint at the end (when the sampler serves one).
 
@@ -331,38 +339,40 @@ def train(
     A `RunResult`.
 
   Raises:
+    ConfigError: the run directory's rules (`rl.rundir`), checked before anything is written.
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
   """
   t_start = time.perf_counter()
   out = Path(cfg.run.out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  cfg.dump_yaml(out / "config.yaml")
+  changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written
   K = cfg.learner.minibatches
   mesh = learner_mesh(cfg)
   setup = build_model(cfg)
-  if not resume and (out / "checkpoints").is_dir():
+  out.mkdir(parents=True, exist_ok=True)
+  if not resume:
     # A fresh run owns its directory: stale checkpoints would otherwise shadow this run's (same step numbers)
-    # and a later --resume would pick them up.
-    print(f"fresh run: removing the previous run's checkpoints in {out / 'checkpoints'}", flush=True)
-    shutil.rmtree(out / "checkpoints")
-    for name in (_PRE_RL, _REF):
-      (out / name).unlink(missing_ok=True)
+    # and a later --resume would pick them up. check_run_dir let it through: empty, or overwrite=True.
+    clear_run(out)
   ckpt = L.Checkpointer(out / "checkpoints", save_every=max(cfg.run.ckpt_every, 1) * K)
   guard = L.NonFiniteGuard(max_in_row=cfg.run.max_nonfinite_steps)
 
   state = None
   start = 0
   pre: dict[str, Any] = {}
-  if resume and ckpt.latest_step() is not None:
+  if resume:
     target = new_state(cfg, setup, setup.params, mesh=mesh)
     state = ckpt.restore_latest(target)
     start = int(jax.device_get(state.step)) // K
     if (out / _PRE_RL).is_file():
       pre = json.loads((out / _PRE_RL).read_text())
+    write_config(cfg, out, changes, step=start)
     logger = M.MetricsLogger(out, resume_from_step=start)
     print(f"resumed from {ckpt.directory} at RL step {start}", flush=True)
+    for key, (a, b) in changes.items():
+      print(f"  changed on resume: {key}: {a!r} -> {b!r} (config_history.jsonl)", flush=True)
   else:
+    write_config(cfg, out)
     logger = M.MetricsLogger(out)
   ref_params = None
   records: list[dict] = []

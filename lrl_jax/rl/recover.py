@@ -21,7 +21,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from tqdm.auto import tqdm
 
@@ -30,6 +29,7 @@ from lrl_jax import losses
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.rollouts import encode_prompt_batch, generate_rollout
 from lrl_jax.rl.sync import SyncSpec, sync
+from lrl_jax.rl.warmup import NonFiniteCounter, keep_if_finite
 
 __all__ = ["recover", "recover_learner_config"]
 
@@ -62,10 +62,14 @@ def _recover_step(params, opt_state, teacher, rollout, *, model_cfg, lcfg):
     return losses.distill_kl(s_logits, t_logits, mask)
 
   (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-  updates, opt_state = tx.update(grads, opt_state, params)
+  updates, new_opt = tx.update(grads, opt_state, params)
   out = losses.finalize_metrics(metrics)
   out["grad_norm"] = optax.tree.norm(grads)
-  return optax.apply_updates(params, updates), opt_state, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
+  (params, opt_state), ok = keep_if_finite(
+    loss, grads, (optax.apply_updates(params, updates), new_opt), (params, opt_state)
+  )
+  out["skipped"] = (~ok).astype(jnp.float32)
+  return params, opt_state, {k: jnp.asarray(v, jnp.float32) for k, v in out.items()}
 
 
 def recover(cfg, setup, params, *, logger: M.MetricsLogger | None = None, progress: bool = True, evaluate=None):
@@ -92,6 +96,7 @@ def recover(cfg, setup, params, *, logger: M.MetricsLogger | None = None, progre
   key = jax.random.fold_in(jax.random.PRNGKey(cfg.run.seed), 3)
   G, every = cfg.sampler.group_size, cfg.run.recover_eval_every
   bar = tqdm(range(steps), desc="recovery (distillation)", disable=not progress, leave=False, dynamic_ncols=True)
+  guard = NonFiniteCounter("QAT recovery (run.recover_lr)", cfg.run.max_nonfinite_steps)
   for i in bar:
     if evaluate is not None and every and i % every == 0:
       if logger is not None:
@@ -105,8 +110,7 @@ def recover(cfg, setup, params, *, logger: M.MetricsLogger | None = None, progre
     t_gen = time.perf_counter() - t0
     params, opt_state, m = _recover_step(params, opt_state, teacher, roll, model_cfg=setup.model_cfg, lcfg=lcfg)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
-    if not np.isfinite(m["distill_kl"]):
-      raise L.NonFiniteError(f"recovery step {i}: the distillation loss is not finite ({m['distill_kl']})")
+    guard.check(float("nan") if m["skipped"] else m["distill_kl"], i)  # a skipped step left the student as it was
     m.update({"time/generate_s": t_gen, "time/step_s": time.perf_counter() - t0})
     bar.set_postfix(kl=f"{m['distill_kl']:.3f}", agree=f"{m['distill_top1_agree']:.2f}")
     if logger is not None:

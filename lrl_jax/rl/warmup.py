@@ -8,6 +8,7 @@ constant `run.sft_lr` and the learner's forward (QAT when `quant.learner` is set
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from lrl_jax import quant
 from lrl_jax.rl import metrics as M
 from lrl_jax.rollout import Rollout
 
-__all__ = ["supervised_warmup", "prepare_qat_params", "warmup_learner_config"]
+__all__ = ["supervised_warmup", "prepare_qat_params", "warmup_learner_config", "keep_if_finite", "NonFiniteCounter"]
 
 
 def warmup_learner_config(cfg) -> L.LearnerConfig:
@@ -67,8 +68,34 @@ def _sft_step(params, opt_state, tokens, valid, mask, *, model_cfg, lcfg):
     return -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.maximum(jnp.sum(m), 1.0)
 
   loss, grads = jax.value_and_grad(loss_fn)(params)
-  updates, opt_state = tx.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss
+  updates, new_opt = tx.update(grads, opt_state, params)
+  (params, opt_state), ok = keep_if_finite(
+    loss, grads, (optax.apply_updates(params, updates), new_opt), (params, opt_state)
+  )
+  return params, opt_state, jnp.where(ok, loss, jnp.nan)
+
+
+def keep_if_finite(loss, grads, new, old):
+  """(`new` when the loss and the gradient norm are finite, else `old`; that bool): the learner's NaN guard, for
+  the updates before RL."""
+  ok = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(grads))
+  return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old), ok
+
+
+class NonFiniteCounter:
+  """Counts non-finite updates in a row (they were skipped); raises NonFiniteError after `max_in_row`."""
+
+  def __init__(self, what: str, max_in_row: int):
+    self.what, self.max_in_row, self.in_row = what, max_in_row, 0
+
+  def check(self, loss: float, step: int) -> None:
+    """`loss`: the step's loss, NaN when the step was skipped."""
+    self.in_row = 0 if math.isfinite(loss) else self.in_row + 1
+    if self.in_row >= self.max_in_row:
+      raise L.NonFiniteError(
+        f"{self.what}: {self.in_row} consecutive steps had a non-finite loss or gradient (last at step {step}); "
+        f"they were skipped and nothing was checkpointed: lower its learning rate"
+      )
 
 
 def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = None, progress: bool = True):
@@ -83,6 +110,7 @@ def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = No
   params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32), params)
   opt_state = L.make_optimizer(lcfg).init(params)
   bar = tqdm(range(steps), desc="warm-up (supervised)", disable=not progress, leave=False, dynamic_ncols=True)
+  guard = NonFiniteCounter("supervised warm-up (run.sft_lr)", cfg.run.max_nonfinite_steps)
   for i in bar:
     sb = setup.task.supervised_batch(i, n)
     params, opt_state, loss = _sft_step(
@@ -94,8 +122,9 @@ def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = No
       model_cfg=setup.model_cfg,
       lcfg=lcfg,
     )
+    lv = float(loss)
+    guard.check(lv, i)
     if i % 10 == 0 or i == steps - 1:
-      lv = float(loss)
       bar.set_postfix(loss=f"{lv:.3f}")
       if logger is not None:
         logger.log(i, {"sft_loss": lv}, phase="sft")

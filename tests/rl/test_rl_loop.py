@@ -9,7 +9,7 @@ import pytest
 
 from lrl_jax import learner as L
 from lrl_jax import models, quant
-from lrl_jax.config import load_config
+from lrl_jax.config import ConfigError, load_config
 from lrl_jax.rl import cli, loop, read_metrics, train
 
 QS = "configs/quickstart.yaml"
@@ -328,11 +328,11 @@ def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
   cfg = _cfg(tmp_path, "again", STEPS, "run.ckpt_every=1", "run.eval_every=0")
   train(cfg, progress=False, export=False)
   assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [2, 3, 4]  # the newest 3 are kept
-  # the same directory, checkpointed only at the end: kept stale steps would show (and block a save at 4)
-  r = train(
-    load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", STEPS, "run.eval_every=0"]),
-    progress=False,
-    export=False,
-  )
+  # the same directory, checkpointed only at the end: kept stale steps would show (and block a save at 4); without
+  # --overwrite (or --resume) the directory is refused (tests/rl/test_rundir.py)
+  again = load_config(QS, SMALL + [f"run.out_dir={tmp_path / 'again'}", STEPS, "run.eval_every=0"])
+  with pytest.raises(ConfigError, match="already holds a run"):
+    train(again, progress=False, export=False)
+  r = train(again, overwrite=True, progress=False, export=False)
   assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [4]
   assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0, 1, 2, 3]
