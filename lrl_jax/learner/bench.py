@@ -33,38 +33,7 @@ from lrl_jax.rollout import Rollout
 
 __all__ = ["MODELS", "abstract_rollout", "step_memory", "main"]
 
-MODELS = {
-  "smollm2": models.ModelConfig(
-    arch="llama",
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_layers=30,
-    num_heads=9,
-    num_kv_heads=3,
-    head_dim=64,
-    rope_theta=100000.0,
-    tie_word_embeddings=True,
-    max_position_embeddings=8192,
-    dtype="bfloat16",
-  ),
-  # Qwen2.5-7B's shapes (config.json of Qwen/Qwen2.5-7B): 28 layers, 3584 wide, GQA 28 / 4 heads, SwiGLU 18944.
-  "qwen2.5-7b": models.ModelConfig(
-    arch="qwen2",
-    vocab_size=152064,
-    hidden_size=3584,
-    intermediate_size=18944,
-    num_layers=28,
-    num_heads=28,
-    num_kv_heads=4,
-    head_dim=128,
-    rope_theta=1000000.0,
-    tie_word_embeddings=False,
-    attention_bias=True,
-    max_position_embeddings=32768,
-    dtype="bfloat16",
-  ),
-}
+MODELS = {"smollm2": models.SMOLLM2_135M, "qwen2.5-7b": models.QWEN2_5_7B}
 
 BASELINE = dict(opt_state_dtype="float32", remat="none", logit_chunk=None)
 TECHNIQUES = {

@@ -143,14 +143,20 @@ def _hidden(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, num
   return h
 
 
-def _predicting_logits(params, h_BTD, valid_BT, mcfg: ModelConfig, start: int, temperature: float):
-  """(z f32 [B, T − start, V], has_prev bool [B, T − start]): z[:, n] = logits / T at the last valid slot before slot
-  start + n, which predicts its token (has_prev False where that token is padding or has no valid token before it)."""
+def _predicting_hidden(h_BTD, valid_BT, start: int):
+  """(h [B, T − start, D], has_prev bool [B, T − start]): h[:, n] is the hidden state at the last valid slot before
+  slot start + n, which predicts its token (has_prev False where that token is padding or has no valid token before
+  it)."""
   B, T, _ = h_BTD.shape
   valid_BT = jnp.ones((B, T), bool) if valid_BT is None else jnp.asarray(valid_BT).astype(bool)
   prev, _ = _prev_next(valid_BT)
   prev, has_prev = prev[:, start:], (valid_BT & (prev >= 0))[:, start:]
-  h = jnp.take_along_axis(h_BTD, jnp.maximum(prev, 0)[..., None], axis=1)  # [B, N, D]: the predicting slots
+  return jnp.take_along_axis(h_BTD, jnp.maximum(prev, 0)[..., None], axis=1), has_prev
+
+
+def _predicting_logits(params, h_BTD, valid_BT, mcfg: ModelConfig, start: int, temperature: float):
+  """(z f32 [B, T − start, V], has_prev): z[:, n] = logits / T of `_predicting_hidden`'s h[:, n]."""
+  h, has_prev = _predicting_hidden(h_BTD, valid_BT, start)
   z = logits_from_hidden(params, h, mcfg)  # f32 [B, N, V]
   z = nn.with_logical_constraint(z, ACTIVATION_AXES["logits_BTV"])
   if temperature != 1.0:
@@ -206,10 +212,8 @@ def _chunked_logprobs(params, h_BTD, tokens_BT, valid_BT, mcfg, *, start, temper
   """`logprobs_from_hidden` with the [B·N, V] logits computed `chunk` positions at a time (`lax.map`) and recomputed
   in the backward pass (`jax.checkpoint`): at most [chunk, V] of them live at once, forward or backward."""
   B, T, D = h_BTD.shape
-  valid_BT = jnp.ones((B, T), bool) if valid_BT is None else jnp.asarray(valid_BT).astype(bool)
-  prev, _ = _prev_next(valid_BT)
-  prev, has_prev = prev[:, start:], (valid_BT & (prev >= 0))[:, start:]
-  h = jnp.take_along_axis(h_BTD, jnp.maximum(prev, 0)[..., None], axis=1).reshape(-1, D)  # [B·N, D]
+  h, has_prev = _predicting_hidden(h_BTD, valid_BT, start)
+  h = h.reshape(-1, D)  # [B·N, D]
   tok = tokens_BT[:, start:].reshape(-1).astype(jnp.int32)
   n = h.shape[0]
   pad = -n % chunk
@@ -251,11 +255,17 @@ def completion_logits(
     `cfg.temperature`) is the distribution that scores token prompt_len + n, under the learner's numerics
     (compute dtype, QAT at `step` as in `token_logprobs`); has_prev is False where that slot holds no token to score.
   """
+  h, mcfg, cfg = _learner_hidden(params, rollout, model_cfg, cfg, lora, step)
+  return _predicting_logits(params, h, rollout.valid, mcfg, rollout.prompt_len, cfg.temperature)
+
+
+def _learner_hidden(params, rollout: Rollout, model_cfg: ModelConfig, cfg: LearnerConfig | None, lora, step):
+  """(hidden [B, T, D], the compute ModelConfig, the LearnerConfig) of the public scoring functions: `cfg` None is
+  float32 compute without QAT; `step` None is QAT fully on."""
   mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
   cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
   alpha = None if step is None else cfg.qat_alpha(step)
-  h = _hidden(params, lora, rollout, mcfg, cfg, _numerics(cfg, alpha))
-  return _predicting_logits(params, h, rollout.valid, mcfg, rollout.prompt_len, cfg.temperature)
+  return _hidden(params, lora, rollout, mcfg, cfg, _numerics(cfg, alpha)), mcfg, cfg
 
 
 def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
@@ -297,10 +307,7 @@ def token_logprobs(
     step: the learner step, for a scheduled QAT (`cfg.qat_start_step` / `qat_warmup_steps`); None: QAT as
       at the end of its warm-up (fully on) when scheduled.
   """
-  mcfg = model_cfg if cfg is None else _compute_cfg(model_cfg, cfg)
-  cfg = LearnerConfig(compute_dtype="float32") if cfg is None else cfg
-  alpha = None if step is None else cfg.qat_alpha(step)
-  h = _hidden(params, lora, rollout, mcfg, cfg, _numerics(cfg, alpha))
+  h, mcfg, cfg = _learner_hidden(params, rollout, model_cfg, cfg, lora, step)
   return logprobs_from_hidden(
     params,
     h,

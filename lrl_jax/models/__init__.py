@@ -5,7 +5,7 @@ tree (see `decoder.py` for the table of paths and shapes); kernels may be float 
 optionally fake-quantized by `qat_rules`) or `quant.QArray`s (sampler).
 """
 
-from lrl_jax.models.config import ARCHS, ModelConfig
+from lrl_jax.models.config import ARCHS, QWEN2_5_7B, SMOLLM2_135M, ModelConfig
 from lrl_jax.models.decoder import (
   ACTIVATION_AXES,
   REMAT_POLICIES,
@@ -38,6 +38,8 @@ from lrl_jax.models.lora import Lora, LoraConfig, init_lora, lora_logical_axes
 __all__ = [
   "ARCHS",
   "ModelConfig",
+  "SMOLLM2_135M",
+  "QWEN2_5_7B",
   "ACTIVATION_AXES",
   "KVCache",
   "Numerics",

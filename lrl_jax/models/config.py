@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-__all__ = ["ModelConfig", "ARCHS"]
+__all__ = ["ModelConfig", "ARCHS", "SMOLLM2_135M", "QWEN2_5_7B"]
 
 ARCHS = ("llama", "qwen2", "qwen3")
 _HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -232,3 +232,40 @@ class ModelConfig:
       d["use_sliding_window"] = False
       d["sliding_window"] = None
     return d
+
+
+# The shapes of two real models (random-weight benchmarks and ahead-of-time compiles; `models.smollm2()` loads the
+# weights of the first). SmolLM2-135M: Llama architecture, tied embeddings; its K = 576 is not a multiple of 128
+# (INT4 runs with groups of 64).
+SMOLLM2_135M = ModelConfig(
+  arch="llama",
+  vocab_size=49152,
+  hidden_size=576,
+  intermediate_size=1536,
+  num_layers=30,
+  num_heads=9,
+  num_kv_heads=3,
+  head_dim=64,
+  rope_theta=100000.0,
+  rms_norm_eps=1e-5,
+  tie_word_embeddings=True,
+  max_position_embeddings=8192,
+  dtype="bfloat16",
+)
+# Qwen2.5-7B (config.json of Qwen/Qwen2.5-7B): 28 layers, 3584 wide, GQA 28 / 4 heads, SwiGLU 18944, q/k/v biases.
+QWEN2_5_7B = ModelConfig(
+  arch="qwen2",
+  vocab_size=152064,
+  hidden_size=3584,
+  intermediate_size=18944,
+  num_layers=28,
+  num_heads=28,
+  num_kv_heads=4,
+  head_dim=128,
+  rope_theta=1000000.0,
+  rms_norm_eps=1e-6,
+  tie_word_embeddings=False,
+  attention_bias=True,
+  max_position_embeddings=32768,
+  dtype="bfloat16",
+)

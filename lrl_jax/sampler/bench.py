@@ -35,23 +35,7 @@ from lrl_jax.sampler.sampling import SamplingConfig
 from lrl_jax.sampler.serve import serve_params
 from lrl_jax.tasks import ChatPromptFormatter
 
-# SmolLM2-135M (Llama architecture, tied embeddings). Its K = 576 is not a multiple of 128:
-# INT4 runs with groups of 64 (576 = 9 · 64).
-SMOLLM2_135M = models.ModelConfig(
-  arch="llama",
-  vocab_size=49152,
-  hidden_size=576,
-  intermediate_size=1536,
-  num_layers=30,
-  num_heads=9,
-  num_kv_heads=3,
-  head_dim=64,
-  rope_theta=100000.0,
-  rms_norm_eps=1e-5,
-  tie_word_embeddings=True,
-  max_position_embeddings=8192,
-  dtype="bfloat16",
-)
+SMOLLM2_135M = models.SMOLLM2_135M
 
 FORMATS = {
   "bf16": None,
