@@ -8,6 +8,7 @@ kernel benchmark.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -56,8 +57,16 @@ _RL_COMMANDS = {"train": "train_main", "eval": "eval_main", "export": "export_ma
 QUICKSTART = Path(__file__).resolve().parent.parent / "configs" / "quickstart.yaml"
 
 
+_COMMANDS = ("train", "eval", "export", "demo", "numerics", "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
+  if argv and not argv[0].startswith("-") and argv[0] not in _COMMANDS:
+    near = difflib.get_close_matches(argv[0], _COMMANDS, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    print(f"lrl-jax: unknown command {argv[0]!r}{hint}; commands: {', '.join(_COMMANDS)}", file=sys.stderr)
+    return 2
   if argv and argv[0] == "demo":  # the README's main job: the embedded quickstart RL run
     argv = ["train", str(QUICKSTART), "--overwrite", *argv[1:]]  # a demo replaces its previous run
   if argv and argv[0] in _RL_COMMANDS:  # `lrl-jax train configs/x.yaml [key=value ...]` and friends
@@ -70,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     epilog="RL commands: lrl-jax train CONFIG [key=value ...] [--resume] | eval ... | export ... (each has --help)",
   )
   sub = parser.add_subparsers(dest="command", required=True)
-  sub.add_parser("demo", help="the README's main job: `lrl-jax train configs/quickstart.yaml`")
+  # train / eval / export are dispatched above (their own parsers, `lrl-jax train --help`); listed here for --help.
+  sub.add_parser("train", help="run an RL job: `lrl-jax train configs/x.yaml [key=value ...] [--resume|--overwrite]`")
+  sub.add_parser("eval", help="evaluate a run's checkpoint: `lrl-jax eval configs/x.yaml [--run DIR] [--size N]`")
+  sub.add_parser("export", help="export a run's weights: `lrl-jax export --format int4|nvfp4|hf RUN OUT_DIR`")
+  sub.add_parser("demo", help="the README's main job: `lrl-jax train configs/quickstart.yaml --overwrite`")
   p = sub.add_parser("numerics", help="error table of every quantization format")
   p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
   p.add_argument("--seed", type=int, default=0)

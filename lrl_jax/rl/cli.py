@@ -46,7 +46,7 @@ def _load(prog: str, path, overrides):
 
 def _parse(p: argparse.ArgumentParser, argv, prog: str, missing: str):
   """(args, Config, None) to go on, or (args, None, exit code): --help-config printed, or a config error."""
-  args = p.parse_args(argv)
+  args = p.parse_intermixed_args(argv)  # overrides before or after the flags
   if args.help_config:
     print(describe())
     return args, None, 0
@@ -125,6 +125,9 @@ def eval_main(argv: list[str] | None = None) -> int:
   args, cfg, err = _parse(p, argv, "lrl-jax eval", "a config file is required")
   if cfg is None:
     return err
+  if args.size is not None and args.size < 1:
+    print(f"lrl-jax eval: --size {args.size}: the number of eval problems must be >= 1", file=sys.stderr)
+    return EXIT_CONFIG
   lora = None
   if args.compressed:
     if not Path(args.compressed).is_dir():
@@ -151,7 +154,8 @@ def eval_main(argv: list[str] | None = None) -> int:
     what = f"{run} (step {int(state.step)})"
   ev = evaluate(served, setup, cfg, size=args.size, lora=lora)
   print(
-    f"{what}: eval accuracy {100 * ev['eval_accuracy']:.1f}% on {args.size or cfg.task.eval_size} problems "
+    f"{what}: eval accuracy {100 * ev['eval_accuracy']:.1f}% [{100 * ev['eval_accuracy_lo']:.1f}, "
+    f"{100 * ev['eval_accuracy_hi']:.1f}] (95%) on {args.size or cfg.task.eval_size} problems "
     f"(reward mean {ev['eval_reward_mean']:.3f}, mean length {ev['eval_response_len']:.1f} tokens, "
     f"sampler weights {cfg.quant.sampler})"
   )

@@ -104,6 +104,8 @@ def test_cli_eval_and_export(e2e, tmp_path, capsys):
   assert cli.eval_main([QS, *over]) == 0
   out = capsys.readouterr().out
   assert f"eval accuracy {100 * r.accuracy_after:.1f}%" in out
+  assert cli.eval_main(["--size", "0", QS, *over]) == 2  # flags before the config, overrides after: both read
+  assert "--size 0: the number of eval problems must be >= 1" in capsys.readouterr().err
   assert cli.export_main(["--format", "nvfp4", str(r.out_dir), str(tmp_path / "nv")]) == 0
   _, loaded = models.load_compressed_tensors(tmp_path / "nv")
   assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"], quant.QArray)
@@ -220,6 +222,13 @@ def test_cli_config_errors_exit_2_with_the_valid_choices(override, message, caps
   assert cli.train_main([QS, override]) == 2
   err = capsys.readouterr().err
   assert "config error" in err and message in err
+
+
+def test_cli_suggests_the_command_meant(capsys):
+  from lrl_jax.cli import main  # noqa: PLC0415  (the top-level command)
+
+  assert main(["trian", "configs/quickstart.yaml"]) == 2
+  assert "unknown command 'trian' (did you mean 'train'?)" in capsys.readouterr().err
 
 
 def test_cli_missing_config_file_exits_2(capsys, tmp_path):
