@@ -420,9 +420,10 @@ def _mismatch(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
 
 
 def needs_old_logp(cfg: LearnerConfig) -> bool:
-  """Whether π_old must be computed before the updates: K > 1 minibatches (later ones see an updated π) or a
-  correction (its weights compare π_old with μ)."""
-  return cfg.minibatches > 1 or cfg.correction.method != "none"
+  """Whether π_old must be computed before the updates: K > 1 minibatches (later ones see an updated π), or a
+  correction (its weights compare π_old with μ on the whole batch) over M > 1 micro-batches. With K = 1 and M = 1,
+  π_old is π_θ at the step's start: `train_step` takes it from its own forward (detached), one forward fewer."""
+  return cfg.minibatches > 1 or (cfg.correction.method != "none" and cfg.micro_batches > 1)
 
 
 @functools.partial(jax.jit, static_argnames=("model_cfg", "cfg", "mesh", "with_old_logp"))
@@ -538,11 +539,18 @@ def _given(**kw):
   return {k: v for k, v in kw.items() if v is not None}
 
 
-def _micro_loss(trainable, state: TrainState, mb: Rollout, weights, denom, mcfg, cfg: LearnerConfig, delta_mult):
+def _micro_loss(
+  trainable, state: TrainState, mb: Rollout, weights, denom, mcfg, cfg: LearnerConfig, delta_mult, fused: bool = False
+):
+  """The loss of one micro-batch; `fused`: the batch is this one micro-batch and has no π_old, so the correction
+  weights come from this forward's π_θ, detached (= π_old exactly)."""
   params, lora = _adapters(state, trainable["policy"])
   logp, ent, h = _policy(params, lora, mb, mcfg, cfg, step=state.step, with_entropy=True)
   mask = mb.loss_mask
   old = lax.stop_gradient(logp) if mb.old_logp is None else mb.old_logp
+  new_acrl, corr_metrics = state.acrl, {}
+  if fused:
+    weights, new_acrl, corr_metrics = _corrections(state, mb.replace(old_logp=old), cfg)
   common = dict(
     agg=cfg.agg,
     norm_len=cfg.norm_len,
@@ -578,7 +586,7 @@ def _micro_loss(trainable, state: TrainState, mb: Rollout, weights, denom, mcfg,
     loss = loss + cfg.value.coef * vl
     metrics.update({f"value/{k}": x for k, x in vm.items()})
     sums["value/loss"] = lax.stop_gradient(vl)
-  return loss, (metrics, sums, logp)
+  return loss, (metrics, sums, logp, (new_acrl, corr_metrics))
 
 
 def _reduce_stacked(metrics):
@@ -670,21 +678,25 @@ def train_step(
   delta_mult = cfg.value.delta_multiplier(state.step)
 
   with _mesh_ctx(mesh):
-    weights, new_acrl, corr_metrics = _corrections(state, batch, cfg)
+    # One micro-batch without π_old: the correction weights come from the loss's own forward (π_θ detached is π_old).
+    fused = cfg.correction.method != "none" and batch.old_logp is None and M == 1
+    weights, new_acrl, corr_metrics = (None, state.acrl, {}) if fused else _corrections(state, batch, cfg)
     denom = _denom(batch.loss_mask, cfg.agg)
     mbs, g = _micro_batches(batch, M, cfg)
     w_mbs = None if weights is None else _split(weights, M, g)
-    grad_fn = jax.value_and_grad(_micro_loss, has_aux=True)
+    grad_fn = jax.value_and_grad(functools.partial(_micro_loss, fused=fused), has_aux=True)
 
     def body(carry, xs):
       g_acc, l_acc = carry
       mb, w = xs
-      (loss, (metrics, sums, logp)), g = grad_fn(trainable, state, mb, w, denom, mcfg, cfg, delta_mult)
+      (loss, (metrics, sums, logp, corr)), g = grad_fn(trainable, state, mb, w, denom, mcfg, cfg, delta_mult)
       g_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
-      return (g_acc, l_acc + loss), (metrics, sums, logp)
+      return (g_acc, l_acc + loss), (metrics, sums, logp, corr)
 
     zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.float32), trainable)
-    (grads, loss), (metrics, sums, logp_mbs) = lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), (mbs, w_mbs))
+    (grads, loss), (metrics, sums, logp_mbs, corr) = lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), (mbs, w_mbs))
+    if fused:  # M = 1: the scan's one step
+      new_acrl, corr_metrics = jax.tree_util.tree_map(lambda x: x[0], corr)
     metrics = _reduce_stacked(metrics)
     metrics.update({k: jnp.sum(v, axis=0) for k, v in sums.items()})
     logp = _unsplit(logp_mbs, g)

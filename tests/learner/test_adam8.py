@@ -100,3 +100,18 @@ def test_fp8_state_trains_shards_and_checkpoints(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(one.opt_state), jax.tree_util.tree_leaves(back.opt_state)):
     assert a.dtype == b.dtype
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
+  """With a key, each code is one of the two E4M3 neighbours of the value (so within 2^-3·|x| + 2^-9·s_b), and the
+  mean over 4096 draws is the value within 6 standard errors (each draw's spread is at most one code width)."""
+  rng = np.random.default_rng(2)
+  x = jnp.asarray(rng.standard_normal((1, 256)) * np.exp(rng.uniform(-6, 0, (1, 256))), jnp.float32)
+  keys = jax.random.split(jax.random.PRNGKey(0), 4096)
+  enc = jax.vmap(lambda k: decode_moment(*encode_moment(x, 256, k), 256))(keys)
+  _, s = encode_moment(x, 256)
+  s = float(s[0, 0])
+  x64 = np.asarray(x, np.float64)
+  assert np.all(np.abs(np.asarray(enc) - x64) <= 2.0**-3 * np.abs(x64) + 2.0**-9 * s)
+  width = 2.0**-3 * np.abs(x64) + 2.0**-9 * s
+  assert np.all(np.abs(np.asarray(enc).mean(0) - x64[0]) <= 6 * width[0] / 2 / np.sqrt(4096))

@@ -301,12 +301,12 @@ def test_step_rejects_bad_batch():
     L.train_step(state, batch, model_cfg=MC, cfg=cfg)
   with pytest.raises(ValueError, match="sampler_logp"):
     L.train_step(state, batch.replace(sampler_logp=jnp.zeros((B, T + 1))), model_cfg=MC, cfg=CFG)
-  with pytest.raises(ValueError, match="old_logp"):
+  with pytest.raises(ValueError, match="old_logp"):  # over M > 1 micro-batches the weights need π_old up front
     L.train_step(
       state,
       batch.replace(old_logp=None),
       model_cfg=MC,
-      cfg=L.LearnerConfig(correction=L.CorrectionConfig(method="mis")),
+      cfg=L.LearnerConfig(correction=L.CorrectionConfig(method="mis"), micro_batches=2),
     )
 
 
@@ -341,3 +341,22 @@ def test_optimizer_keys_from_yaml_reach_optax():
     np.testing.assert_array_equal(got, want)  # the same optax transformation: bit for bit
   plain = updates(L.make_optimizer(cfg.replace(nesterov=False)))
   assert not np.array_equal(plain[1], updates(ref)[1])
+
+
+@pytest.mark.parametrize("method", ["tis", "acrl"])
+def test_correction_without_old_logp_uses_the_steps_own_forward(method):
+  """K = 1, M = 1, no π_old in the rollout: the correction weights come from the step's own forward (π_θ detached),
+  with the same update and correction metrics as a step given π_old = `token_logprobs` of the same weights (what
+  `prepare_rollout` computed before), to f32 reordering."""
+  cfg = CFG.replace(correction=L.CorrectionConfig(method=method))
+  assert not L.needs_old_logp(cfg) and L.needs_old_logp(cfg.replace(micro_batches=2))
+  st = _state(cfg)
+  batch = make_batch(3, MC, st.params).replace(old_logp=None)
+  old = L.token_logprobs(st.params, batch, MC, cfg=cfg)
+  given, m_given = L.train_step(_state(cfg), batch.replace(old_logp=old), model_cfg=MC, cfg=cfg)
+  fused, m_fused = L.train_step(st, batch, model_cfg=MC, cfg=cfg)
+  assert_update_close(host(fused.params), host(fused.opt_state), host(given.params), host(given.opt_state))
+  keys = [k for k in m_given if k.startswith("correction/")]
+  assert keys
+  for k in keys:
+    assert float(m_fused[k]) == pytest.approx(float(m_given[k]), rel=1e-5, abs=1e-7), k
