@@ -79,6 +79,16 @@ class OffPolicyQueue:
     self._held: Any = None
     self._version: int | None = None
 
+  @property
+  def held(self):
+    """(served weights kept for the next step, their version), or None before the first swap: what a checkpoint of
+    an off-policy run must keep for its resume to generate as the uninterrupted run does."""
+    return None if self._held is None else (self._held, self._version)
+
+  def restore(self, served, version: int) -> None:
+    """Puts back what `held` gave (a resumed run)."""
+    self._held, self._version = served, version
+
   def swap(self, served, version: int):
     """(served tree to generate with, its version); keeps `served` for the next call."""
     if self._held is None:

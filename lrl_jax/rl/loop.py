@@ -174,13 +174,34 @@ def served_weights(state: L.TrainState, setup: Setup, timings: dict | None = Non
 
 
 def _save_tree(path: Path, tree) -> None:
+  """The leaves of `tree` in one .npz, written whole (a temporary file renamed into place)."""
   leaves = jax.tree_util.tree_leaves(tree)
-  np.savez(path, *[np.asarray(x) for x in leaves])
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:
+    np.savez(f, *[np.asarray(x) for x in leaves])
+  tmp.replace(path)
+
+
+def _save_checkpoint(ckpt, state, queue, out: Path, K: int) -> None:
+  """The learner's checkpoint and, for an off-policy run, the stale served weights the next step generates with
+  (`offpolicy_<RL step>.npz`, kept for the checkpoints orbax keeps): a resume then generates as the run did."""
+  ckpt.save(state)
+  if queue is None or queue.held is None:
+    return
+  ckpt.wait()
+  served, version = queue.held
+  _save_tree(out / f"offpolicy_{int(jax.device_get(state.step)) // K}.npz", served)
+  keep = {s // K for s in ckpt.all_steps()}
+  for f in out.glob("offpolicy_*.npz"):
+    if int(f.stem.split("_")[1]) not in keep:
+      f.unlink(missing_ok=True)
 
 
 def _load_tree(path: Path, like):
+  """`_save_tree`'s leaves in `like`'s structure and dtypes (.npz stores bfloat16 / float8 as raw bytes)."""
   data = np.load(path)
-  leaves = [jnp.asarray(data[f"arr_{i}"]) for i in range(len(data.files))]
+  like_leaves = jax.tree_util.tree_leaves(like)
+  leaves = [jnp.asarray(data[f"arr_{i}"].view(np.dtype(x.dtype))) for i, x in enumerate(like_leaves)]
   return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
 
 
@@ -398,6 +419,12 @@ def train(
     buffer = RolloutBuffer(minibatches=K, seed=cfg.run.seed)
     queue = OffPolicyQueue() if cfg.run.off_policy else None
     timings: dict = {}
+    if queue is not None and start > 0:
+      held = out / f"offpolicy_{start}.npz"
+      if held.is_file():  # the weights step start − 1 synced: step `start` generates with them, as it did
+        queue.restore(_load_tree(held, served_weights(state, setup)), start - 1)
+      else:
+        log.warning("%s is missing (a checkpoint of an older version): RL step %d generates on-policy", held, start)
     if not pre:
       served, lora = served_weights(state, setup, timings)
       rows: list = []
@@ -438,7 +465,7 @@ def train(
       )
       records.append(logger.log(k, {**rec, **_elapsed(t_start)}))
       if cfg.run.ckpt_every and (k + 1) % cfg.run.ckpt_every == 0:
-        ckpt.save(state)
+        _save_checkpoint(ckpt, state, queue, out, K)
       bar.update(1)
       bar.set_postfix(
         reward=f"{rec['reward_mean']:.2f}",
@@ -447,7 +474,7 @@ def train(
       )
     bar.close()
     steps_done = int(jax.device_get(state.step)) // K
-    ckpt.save(state)
+    _save_checkpoint(ckpt, state, queue, out, K)
     ckpt.wait()
     served, lora = served_weights(state, setup, timings)
     rows = []

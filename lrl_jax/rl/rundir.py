@@ -104,6 +104,8 @@ def clear_run(out: Path) -> None:
   """Removes an earlier run's outputs from `out` (an overwrite): its checkpoints and the files a run writes."""
   shutil.rmtree(out / "checkpoints", ignore_errors=True)
   shutil.rmtree(out / "tb", ignore_errors=True)
+  for f in out.glob("offpolicy_*.npz"):
+    f.unlink(missing_ok=True)
   for name in (
     "metrics.jsonl",
     "pre_rl.json",

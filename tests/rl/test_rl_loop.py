@@ -130,6 +130,23 @@ def test_resume_gives_the_same_next_step_metrics(e2e, tmp_path):
   assert rl == [0, 1, 2, 3]
 
 
+def test_off_policy_resume_generates_with_the_stale_weights_it_had(tmp_path):
+  """An off-policy run's checkpoint keeps the served weights its next step generates with (offpolicy_<k>.npz): after
+  an interruption the resumed steps have policy lag 1 and the uninterrupted run's numbers."""
+  full = train(_cfg(tmp_path, "full", STEPS, "run.ckpt_every=2", "run.off_policy=true"), progress=False, export=False)
+  cfg_b = _cfg(tmp_path, "b", STEPS, "run.ckpt_every=2", "run.off_policy=true")
+  with pytest.raises(KeyboardInterrupt):
+    train(cfg_b, progress=False, export=False, _fail_after=2)
+  assert (tmp_path / "b" / "offpolicy_2.npz").is_file()
+  resumed = train(cfg_b, resume=True, progress=False, export=False)
+  a = {x["step"]: x for x in full.records}
+  b = {x["step"]: x for x in resumed.records}
+  for k in (2, 3):
+    assert b[k]["policy_lag"] == 1 == a[k]["policy_lag"]
+    for key in ("loss", "reward_mean", "grad_norm", "mismatch/prob_abs_diff_mean"):
+      assert b[k][key] == pytest.approx(a[k][key], rel=1e-6, abs=1e-9), (k, key)
+
+
 class _Broken:
   """A task wrapper whose reward raises on every completion of odd length."""
 
