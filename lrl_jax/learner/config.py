@@ -148,8 +148,8 @@ class LearnerConfig(Schema):
   warmup_steps: int = 0  # linear learning-rate warm-up from 0, in applied updates
   min_lr_ratio: float = 0.0  # cosine: final lr / lr
   total_steps: int | None = set_by("run.steps × learner.minibatches")  # cosine schedule length in updates
-  opt_state_dtype: Literal["float32", "bfloat16", "fp8"] = "float32"  # Adam's μ (ν f32); fp8: both, blockwise E4M3
-  opt_state_block: int = 256  # fp8 moments: elements per scale along each parameter's last axis (at most)
+  opt_state_dtype: Literal["float32", "bfloat16", "fp8"] = "float32"  # Adam's μ (ν f32); fp8: μ E4M3 + ν bf16
+  opt_state_block: int = 256  # fp8: elements per scale of μ along each parameter's last axis (at most)
   minibatches: int = 1  # K: each rollout batch is split into K minibatches, one optimizer update each
   micro_batches: int = 1  # gradient-accumulation splits of each minibatch (exact: same loss and gradient)
   compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
