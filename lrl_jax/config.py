@@ -242,9 +242,10 @@ class TaskSection(Schema):
 
   section: ClassVar[str] = "task"
 
-  name: Literal["arithmetic", "gsm8k"] = "arithmetic"  # embedded synthetic arithmetic, or a GSM8K-format JSONL file
-  path: str | None = None  # gsm8k: training JSONL file
-  eval_path: str | None = None  # gsm8k: evaluation JSONL file; null = path
+  name: Literal["arithmetic", "gsm8k", "prompts"] = "arithmetic"  # embedded arithmetic, GSM8K JSONL, your own prompts
+  path: str | None = None  # gsm8k / prompts: training JSONL file (prompts: {"prompt": ..., "reference": ...} lines)
+  eval_path: str | None = None  # gsm8k / prompts: evaluation JSONL file; null = path
+  reward: str | None = None  # prompts: exact | last_number | "module:function" (reward(completion, ref)); null = exact
   digits: int = 2  # arithmetic: operand digits (1..9)
   ops: tuple[Literal["+", "-", "*", "eq"], ...] = ("+",)  # arithmetic: operations drawn per problem
   answer: Literal["exact", "last_number"] = "exact"  # arithmetic reward: completion == answer, or its last number is
@@ -266,7 +267,10 @@ class TaskSection(Schema):
     self._check(0 <= self.holdout < 1, "holdout", "must be in [0, 1)")
     self._check(all(1 <= d <= 9 for d in self.transfer_digits), "transfer_digits", "must be digits in [1, 9]")
     self._check(self.reward_timeout_s is None or self.reward_timeout_s > 0, "reward_timeout_s", "must be > 0 or null")
-    self._check(self.name != "gsm8k" or self.path is not None, "path", "is required for task.name=gsm8k")
+    self._check(
+      self.name not in ("gsm8k", "prompts") or self.path is not None, "path", f"is required for task.name={self.name}"
+    )
+    self._check(self.reward is None or self.name == "prompts", "reward", "applies to task.name=prompts")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -360,6 +364,13 @@ class Config:
         f"run.batch_prompts × sampler.group_size = {rollouts} completions must divide into "
         f"learner.minibatches × learner.micro_batches = {split} equal parts"
       )
+    if t.name == "prompts" and t.reward not in (None, "exact", "last_number"):
+      from lrl_jax.tasks import resolve_reward  # noqa: PLC0415  (only a module:function reward needs it)
+
+      try:
+        resolve_reward(t.reward)
+      except ValueError as e:
+        raise ConfigError(str(e)) from None
     if m.source == "tiny":
       if t.template != "none" or t.name != "arithmetic":
         raise ConfigError(

@@ -69,7 +69,9 @@ def test_configs_say_what_they_claim():
   assert len({(c.model, c.task, c.run.steps, c.run.seed, c.run.sft_steps, c.run.batch_prompts) for c in arms}) == 1
   # The SmolLM2 arms (docs/smollm2_results.md): the same model, task, sampler and schedule; each differs from the
   # bf16 arm only in its formats, correction, LoRA (and its learning rate) and the INT4 recovery.
-  real = {n: c for n, c in cfg.items() if n.startswith("smollm2")}
+  own = cfg["smollm2_own_task"]
+  assert (own.task.name, own.task.reward) == ("prompts", "last_number") and own.model.source == "smollm2"
+  real = {n: c for n, c in cfg.items() if n.startswith("smollm2") and n != "smollm2_own_task"}
   assert set(real) == {f"smollm2_{a}" for a in ("grpo", "int4_qat_grpo", "int4_rollout", "fp8", "fp8_tis", "fp8_acrl",
                                                  "nvfp4_lora")}  # fmt: skip
   ref = real["smollm2_grpo"]

@@ -344,6 +344,7 @@ def train(
   overwrite: bool = False,
   progress: bool = True,
   export: bool = True,
+  task=None,
   _fail_after: int | None = None,
 ) -> RunResult:
   """Runs the configured job: warm-up, RL steps with evaluation and checkpoints, plots, summary, export.
@@ -353,6 +354,8 @@ def train(
     resume: continue from the newest intact checkpoint in `<run.out_dir>/checkpoints` (refused when there is none,
       or when the config changes what the checkpoint holds: `rl.rundir`).
     overwrite: replace an earlier run in `run.out_dir` (without it, a directory that holds a run is refused).
+    task: your own task instead of `cfg.task`'s: a `tasks.Task`, or a callable (encoder, seed) -> Task that gets the
+      model's prompt encoder (e.g. `lambda enc, seed: tasks.PromptsTask(rows, reward=fn, encoder=enc, seed=seed)`).
     progress: show tqdm progress bars.
     export: write an INT4 / NVFP4 compressed-tensors checkpoint at the end (when the sampler serves one).
 
@@ -369,7 +372,7 @@ def train(
   changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written
   K = cfg.learner.minibatches
   mesh = learner_mesh(cfg)
-  setup = build_model(cfg)
+  setup = build_model(cfg, task=task)
   out.mkdir(parents=True, exist_ok=True)
   if not resume:
     # A fresh run owns its directory: stale checkpoints would otherwise shadow this run's (same step numbers)

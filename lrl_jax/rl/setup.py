@@ -48,18 +48,20 @@ def served_model_config(model_cfg: models.ModelConfig, spec: SyncSpec) -> models
   return model_cfg.replace(dtype=jnp.dtype(spec.dtype).name)
 
 
-def build_model(cfg, *, init: bool = True) -> Setup:
+def build_model(cfg, *, init: bool = True, task=None) -> Setup:
   """Model, parameters and task of a run config.
 
   Args:
     cfg: a `lrl_jax.config.Config`.
     init: create / load the parameters (False: `params` is None; the shapes come from a checkpoint).
+    task: the user's task instead of `cfg.task`'s: a `Task`, or a callable (encoder, seed) -> Task given the model's
+      prompt encoder (`tasks.task_from_config`).
   """
   compute = cfg.learner.compute_dtype
   src = cfg.model.source
   tokenizer = None
   if src == "tiny":
-    task = task_from_config(cfg.task, seed=cfg.run.seed)
+    task = task_from_config(cfg.task, seed=cfg.run.seed, task=task)
     model_cfg = cfg.model.tiny_model_config(vocab_size=task.encoder.vocab_size, dtype=compute)
     params = None
     if init:
@@ -80,7 +82,7 @@ def build_model(cfg, *, init: bool = True) -> Setup:
       model_cfg = model_cfg.replace(num_layers=k)
       params = {**params, "layers": jax.tree_util.tree_map(lambda x: x[:k], params["layers"])}
     eos = tokenizer.backend.id_to_token(tokenizer.eos_id) if tokenizer.eos_id is not None else "<|im_end|>"
-    task = task_from_config(cfg.task, seed=cfg.run.seed, tokenizer=tokenizer.backend, eos_token=eos)
+    task = task_from_config(cfg.task, seed=cfg.run.seed, tokenizer=tokenizer.backend, eos_token=eos, task=task)
     if not init:
       params = None
   spec = sync_spec(cfg)

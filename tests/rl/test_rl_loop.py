@@ -147,6 +147,29 @@ def test_off_policy_resume_generates_with_the_stale_weights_it_had(tmp_path):
       assert b[k][key] == pytest.approx(a[k][key], rel=1e-6, abs=1e-9), (k, key)
 
 
+def test_train_takes_the_users_task(tmp_path):
+  """rl.train(cfg, task=factory): the factory gets the model's prompt encoder; its prompts are trained on and its
+  reward scores them (here a reward that records its calls)."""
+  from lrl_jax.tasks import PromptsTask  # noqa: PLC0415
+
+  seen = []
+
+  def reward(completion, reference):
+    seen.append(reference)
+    return float(completion.strip() == reference)
+
+  rows = [(f"{a}+{b}=", str(a + b)) for a in range(10) for b in range(10)]
+  cfg = _cfg(tmp_path, "user", "run.steps=2", "run.eval_every=0", "run.sft_steps=0")
+  r = train(
+    cfg,
+    progress=False,
+    export=False,
+    task=lambda enc, seed: PromptsTask(rows, reward=reward, encoder=enc, eval_rows=rows[:16], seed=seed),
+  )
+  assert r.steps == 2 and len(seen) == 2 * 4 * 4 + 2 * 16  # 2 steps x 4 prompts x G = 4, and 2 evaluations of 16
+  assert set(seen) <= {ref for _, ref in rows}
+
+
 class _Broken:
   """A task wrapper whose reward raises on every completion of odd length."""
 
