@@ -442,6 +442,7 @@ def atomic_dir(path: str | os.PathLike, write: Callable[[Path], Any]):
   tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
   try:
     write(tmp)
+    _follow_umask(tmp)
     if path.exists():
       old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
       os.rename(path, old / "x")
@@ -453,6 +454,17 @@ def atomic_dir(path: str | os.PathLike, write: Callable[[Path], Any]):
     shutil.rmtree(tmp, ignore_errors=True)
     raise
   return path
+
+
+def _follow_umask(root: Path) -> None:
+  """Permissions of an ordinary directory tree: mkdtemp makes its directory 0700 (no other user, e.g. a serving
+  engine's, could read an export); directories 0777 and files 0666, each less the process's umask."""
+  mask = os.umask(0)
+  os.umask(mask)
+  for d, _, files in os.walk(root):
+    os.chmod(d, 0o777 & ~mask)
+    for f in files:
+      os.chmod(os.path.join(d, f), 0o666 & ~mask)
 
 
 def read_json(path: Path, what: str) -> dict:

@@ -7,6 +7,7 @@ compared with the tree transposed by NumPy; sharded checkpoints are also built b
 """
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -130,6 +131,12 @@ def test_save_replaces_existing_directory_atomically(tmp_path):
   _, p = hf.load_hf(tmp_path / "ck")
   np.testing.assert_array_equal(p["final_norm"]["scale"], rand_params(cfg, 5)["final_norm"]["scale"])
   assert sorted(x.name for x in tmp_path.iterdir()) == ["ck"]
+  # Permissions follow the umask like ordinary files (mkdtemp's 0700 would hide an export from a serving engine
+  # running as another user).
+  mask = os.umask(0)
+  os.umask(mask)
+  assert (tmp_path / "ck").stat().st_mode & 0o777 == 0o777 & ~mask
+  assert all(f.stat().st_mode & 0o777 == 0o666 & ~mask for f in (tmp_path / "ck").iterdir() if f.is_file())
 
 
 def test_sharded_save_and_load(tmp_path):
