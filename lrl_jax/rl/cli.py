@@ -1,18 +1,21 @@
 """The `lrl-jax train | eval | export` commands (wired into `lrl_jax.cli`).
 
-  lrl-jax train configs/x.yaml [section.key=value ...] [--resume]
-  lrl-jax eval configs/x.yaml [section.key=value ...] [--run DIR] [--compressed DIR]
-  lrl-jax export --format int4|nvfp4 RUN_OR_CKPT OUT_DIR [--group-size G]
+  lrl-jax train configs/x.yaml [section.key=value ...] [--resume | --overwrite]
+  lrl-jax eval configs/x.yaml [section.key=value ...] [--run DIR] [--compressed DIR] [--size N]
+  lrl-jax export --format int4|nvfp4|hf RUN_OR_CKPT OUT_DIR [--group-size G]
 
 Exit codes: 0 success; 2 a config error (the `ConfigError` message, which lists the valid keys or
-choices) or a missing file; 3 the run stopped on non-finite learner steps; 1 anything else.
+choices), a missing file or no intact checkpoint; 3 the run stopped on non-finite learner steps; 1 anything else
+(one line naming what failed; `LRL_JAX_DEBUG=1` shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from lrl_jax.rl.sync import merge_lora
 
 __all__ = ["train_main", "eval_main", "export_main"]
 
+EXIT_ERROR = 1
 EXIT_CONFIG = 2
 EXIT_NONFINITE = 3
 
@@ -64,6 +68,30 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
   return p
 
 
+def _one_line_errors(prog: str):
+  """A command's unexpected error as one line on stderr and exit 1 (a bad file, a mismatched checkpoint: the message
+  names it); `LRL_JAX_DEBUG=1` re-raises it with its traceback."""
+
+  def wrap(fn):
+    @functools.wraps(fn)
+    def run(argv: list[str] | None = None) -> int:
+      try:
+        return fn(argv)
+      except (KeyboardInterrupt, SystemExit):
+        raise
+      except Exception as e:  # noqa: BLE001  (the one-line report is the point)
+        if os.environ.get("LRL_JAX_DEBUG"):
+          raise
+        first = (str(e).strip().splitlines() or [""])[0][:400]
+        print(f"{prog}: {type(e).__name__}: {first} (LRL_JAX_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
+
+    return run
+
+  return wrap
+
+
+@_one_line_errors("lrl-jax train")
 def train_main(argv: list[str] | None = None) -> int:
   """`lrl-jax train CONFIG [section.key=value ...] [--resume | --overwrite] [--no-progress] [--no-export]`."""
   p = _config_parser("lrl-jax train", "Run an RL job: warm-up, RL steps, evaluation, checkpoints, plots.")
@@ -115,6 +143,7 @@ def train_main(argv: list[str] | None = None) -> int:
   return 0
 
 
+@_one_line_errors("lrl-jax eval")
 def eval_main(argv: list[str] | None = None) -> int:
   """`lrl-jax eval CONFIG [overrides] [--run DIR] [--compressed DIR] [--size N]`: greedy accuracy of the
   served weights of a run's latest checkpoint (or of an exported compressed-tensors checkpoint)."""
@@ -162,6 +191,7 @@ def eval_main(argv: list[str] | None = None) -> int:
   return 0
 
 
+@_one_line_errors("lrl-jax export")
 def export_main(argv: list[str] | None = None) -> int:
   """`lrl-jax export --format int4|nvfp4|hf RUN_OR_CKPT OUT_DIR`: a run's latest checkpoint as compressed-tensors,
   or (hf) as a plain float HF checkpoint of its float32 masters, which `model.source: hf:OUT_DIR` loads (e.g. a

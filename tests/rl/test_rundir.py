@@ -116,3 +116,16 @@ def test_nothing_non_finite_is_checkpointed(tmp_path):
   with pytest.raises(L.NonFiniteError, match=r"supervised warm-up .* 2 consecutive steps"):
     train(cfg, progress=False, export=False)
   assert not any((tmp_path / "run" / "checkpoints").glob("[0-9]*"))
+
+
+def test_cli_reports_a_broken_model_file_in_one_line(tmp_path, capsys, monkeypatch):
+  """A file that is not GGUF: exit 1 and one line naming the file (LRL_JAX_DEBUG=1 would show the traceback)."""
+  monkeypatch.delenv("LRL_JAX_DEBUG", raising=False)
+  bad = tmp_path / "model.gguf"
+  bad.write_bytes(b"not a gguf file at all")
+  rc = cli.train_main(
+    ["configs/smollm2_grpo.yaml", f"model.source=gguf:{bad}", f"run.out_dir={tmp_path / 'run'}", "--no-progress"]
+  )
+  err = capsys.readouterr().err.strip().splitlines()
+  assert rc == 1 and len(err) == 1 and str(bad) in err[0] and "LRL_JAX_DEBUG" in err[0]
+  assert not (tmp_path / "run").exists()
