@@ -257,6 +257,7 @@ class TaskSection(Schema):
   holdout: float = 0.0  # arithmetic: fraction of problems kept for eval only (disjoint from training; fixed eval set)
   transfer_digits: tuple[int, ...] = ()  # arithmetic: extra eval sets with these operand digits (before / after RL)
   reward_timeout_s: float | None = 1.0  # per-sample reward timeout in seconds; null = none
+  reward_workers: int = 2  # reward processes (a call past its timeout is killed); 0 = threads in the trainer
 
   def _validate(self):
     self._check(1 <= self.digits <= 9, "digits", "must be in [1, 9]")
@@ -267,6 +268,7 @@ class TaskSection(Schema):
     self._check(0 <= self.holdout < 1, "holdout", "must be in [0, 1)")
     self._check(all(1 <= d <= 9 for d in self.transfer_digits), "transfer_digits", "must be digits in [1, 9]")
     self._check(self.reward_timeout_s is None or self.reward_timeout_s > 0, "reward_timeout_s", "must be > 0 or null")
+    self._check(self.reward_workers >= 0, "reward_workers", "must be >= 0")
     self._check(
       self.name not in ("gsm8k", "prompts") or self.path is not None, "path", f"is required for task.name={self.name}"
     )

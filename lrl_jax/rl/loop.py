@@ -47,6 +47,7 @@ from lrl_jax.rl.rundir import check_run_dir, clear_run, write_config
 from lrl_jax.rl.setup import Setup, build_model, learner_mesh, new_state
 from lrl_jax.rl.sync import merge_lora, sync
 from lrl_jax.rl.warmup import supervised_warmup
+from lrl_jax.tasks import RewardPool
 
 __all__ = ["RunResult", "train", "evaluate", "encode_prompt_batch", "restore_run", "served_weights"]
 
@@ -103,6 +104,7 @@ def evaluate(
   lora=None,
   transfer: bool = False,
   problems: list | None = None,
+  pool=None,
 ) -> dict[str, float]:
   """Accuracy of the served weights on the first `size` (default `task.eval_size`) eval problems.
 
@@ -114,6 +116,7 @@ def evaluate(
     transfer: also the task's other evaluation sets (`Task.eval_sets`: an arithmetic task's `transfer_digits`),
       reported as "eval_<name>_accuracy" (+ _lo, _hi, _n).
     problems: a list to append one {"set", "prompt", "reference", "completion", "reward"} per problem to.
+    pool: a `tasks.RewardPool` to score in (None: threads in this process).
 
   Returns:
     {"eval_accuracy", "eval_accuracy_lo", "eval_accuracy_hi", "eval_n", "eval_reward_mean", "eval_response_len",
@@ -126,7 +129,7 @@ def evaluate(
     tok, val = encode_prompt_batch(setup.task, prompts)
     key = jax.random.PRNGKey(seed)
     roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=True, lora=lora)
-    rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs, cfg)
+    rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs, cfg, pool)
     if problems is not None:
       P = tok.shape[1]
       comps = setup.task.decode_completions(np.asarray(roll.tokens)[:, P:], np.asarray(roll.loss_mask)[:, P:])
@@ -261,6 +264,7 @@ def _rl_step(
   sample_key,
   guard: L.NonFiniteGuard,
   timings: dict,
+  pool=None,
 ):
   """One RL step; returns (state, metrics record)."""
   task, lcfg = setup.task, cfg.learner
@@ -282,7 +286,7 @@ def _rl_step(
   t_gen = time.perf_counter() - t0
 
   t0 = time.perf_counter()
-  rewards, rstats = score_rollout(task, roll, tok.shape[1], refs_g, cfg)
+  rewards, rstats = score_rollout(task, roll, tok.shape[1], refs_g, cfg, pool)
   t_rew = time.perf_counter() - t0
 
   t0 = time.perf_counter()
@@ -374,6 +378,7 @@ def train(
   mesh = learner_mesh(cfg)
   setup = build_model(cfg, task=task)
   out.mkdir(parents=True, exist_ok=True)
+  pool = RewardPool.for_task(setup.task, workers=cfg.task.reward_workers) if cfg.task.reward_workers else None
   if not resume:
     # A fresh run owns its directory: stale checkpoints would otherwise shadow this run's (same step numbers)
     # and a later --resume would pick them up. check_run_dir let it through: empty, or overwrite=True.
@@ -431,7 +436,7 @@ def train(
     if not pre:
       served, lora = served_weights(state, setup, timings)
       rows: list = []
-      ev = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows)
+      ev = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
       _write_problems(out / "eval_before.jsonl", rows)
       pre = {"accuracy_before": ev["eval_accuracy"], **ev}
       (out / _PRE_RL).write_text(json.dumps(pre))
@@ -450,7 +455,7 @@ def train(
       state = _maybe_restart_learned_scales(state, cfg.learner, k)
       served_lora = served_weights(state, setup, timings)
       if k > 0 and cfg.run.eval_every and k % cfg.run.eval_every == 0:
-        ev = evaluate(served_lora[0], setup, cfg, lora=served_lora[1])
+        ev = evaluate(served_lora[0], setup, cfg, lora=served_lora[1], pool=pool)
         logger.log(k, {**ev, **_elapsed(t_start)}, phase="eval")
       state, rec = _rl_step(
         k,
@@ -465,6 +470,7 @@ def train(
         sample_key=sample_key,
         guard=guard,
         timings=timings,
+        pool=pool,
       )
       records.append(logger.log(k, {**rec, **_elapsed(t_start)}))
       if cfg.run.ckpt_every and (k + 1) % cfg.run.ckpt_every == 0:
@@ -481,12 +487,14 @@ def train(
     ckpt.wait()
     served, lora = served_weights(state, setup, timings)
     rows = []
-    final = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows)
+    final = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
     _write_problems(out / "eval_after.jsonl", rows)
     logger.log(steps_done, {**final, **_elapsed(t_start)}, phase="eval")
   finally:
     logger.close()
     ckpt.close()
+    if pool is not None:
+      pool.close()
 
   all_recs = M.read_metrics(logger.path)
   rl = [r for r in all_recs if r["phase"] == "rl"]

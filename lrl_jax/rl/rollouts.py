@@ -48,9 +48,12 @@ def generate_rollout(served, tokens, valid, setup, cfg, key, *, evaluation: bool
   )
 
 
-def score_rollout(task, rollout: Rollout, prompt_len: int, refs, cfg):
-  """(rewards f32 [B] on the host, stats): the completions are decoded to text, so this runs on the host."""
+def score_rollout(task, rollout: Rollout, prompt_len: int, refs, cfg, pool=None):
+  """(rewards f32 [B] on the host, stats): the completions are decoded to text, so this runs on the host; in the
+  reward worker processes of `pool` (`tasks.RewardPool`) when given, else in threads (`task.score`)."""
   tokens = np.asarray(rollout.tokens)[:, prompt_len:]
   mask = np.asarray(rollout.loss_mask)[:, prompt_len:]
   comps = task.decode_completions(tokens, mask)
+  if pool is not None:
+    return pool.score(comps, refs, timeout_s=cfg.task.reward_timeout_s)
   return task.score(comps, refs, timeout_s=cfg.task.reward_timeout_s)

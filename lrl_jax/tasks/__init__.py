@@ -18,6 +18,7 @@ from lrl_jax.tasks.chat import SMOLLM2_SYSTEM, ChatPromptFormatter, TextEncoder
 from lrl_jax.tasks.factory import encoder_from_config, task_from_config
 from lrl_jax.tasks.gsm8k import GSM8KTask, load_gsm8k
 from lrl_jax.tasks.numbers import extract_completion_answer, extract_reference_answer, find_numbers, parse_number
+from lrl_jax.tasks.pool import RewardPool
 from lrl_jax.tasks.prompts import PromptsTask, exact_match, last_number_match, load_prompts, resolve_reward
 from lrl_jax.tasks.reward import safe_reward, score_batch
 from lrl_jax.tasks.tokenizer import ARITHMETIC_CHARS, CharTokenizer
@@ -42,6 +43,7 @@ __all__ = [
   "SMOLLM2_SYSTEM",
   "safe_reward",
   "score_batch",
+  "RewardPool",
   "task_from_config",
   "encoder_from_config",
   "PromptsTask",

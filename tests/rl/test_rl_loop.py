@@ -204,7 +204,8 @@ def test_reward_failures_are_counted_not_fatal(tmp_path, monkeypatch):
     return dataclasses.replace(s, task=broken["task"])
 
   monkeypatch.setattr(loop, "build_model", build)
-  r = train(_cfg(tmp_path, "broken", STEPS, "run.eval_every=0"), progress=False, export=False)
+  # reward_workers=0: the wrapper counts its calls in this process (worker processes would count their own)
+  r = train(_cfg(tmp_path, "broken", STEPS, "run.eval_every=0", "task.reward_workers=0"), progress=False, export=False)
   assert r.steps == 4
   calls = broken["task"].calls  # eval (16) + 4 steps x 16 rollouts + final eval (16), in order
   assert len(calls) == 16 + 64 + 16

@@ -86,3 +86,24 @@ def test_score_batch_matches_task_reward_and_is_fast():
   np.testing.assert_array_equal(rewards, [0.0 if i % 3 == 0 else 1.0 for i in range(64)])
   assert stats["failed"] == 0
   assert elapsed < 1.0, elapsed  # one thread per sample: ~0.1 ms each
+
+
+def test_reward_pool_kills_a_hung_call_and_scores_the_rest():
+  """RewardPool (spawned workers): a reward hung in C code past its timeout is killed (its worker replaced), the
+  hangs of one batch wait in parallel (about one timeout for the batch, not one per hang), errors and NaN are counted
+  failures, and the replaced workers score the next batch."""
+  from lrl_jax.tasks import RewardPool  # noqa: PLC0415
+  from tests.tasks._rewards import hang_or_score  # noqa: PLC0415  (a module-level function: workers import it)
+
+  with RewardPool(hang_or_score, workers=2) as pool:
+    comps = ["1", "hang", "2", "boom", "hang", "nan", "3"]
+    refs = ["1", "1", "9", "1", "1", "1", "3"]
+    t0 = time.monotonic()
+    rewards, stats = pool.score(comps, refs, timeout_s=1.0)
+    took = time.monotonic() - t0
+    assert list(rewards) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert (stats["timeouts"], stats["errors"], stats["invalid"], stats["failed"]) == (2, 1, 1, 4)
+    assert pool.killed == 2 and stats["abandoned_alive"] == 0
+    assert took < 2 * 1.0 + 10  # two hangs on two workers: one timeout in parallel (+ the respawns), not 30 s each
+    rewards, stats = pool.score(["4", "5"], ["4", "4"], timeout_s=1.0)
+    assert list(rewards) == [1.0, 0.0] and stats["failed"] == 0
