@@ -458,7 +458,14 @@ def load_config(path=None, overrides: Sequence[str] = ()) -> Config:
       raise ConfigError(f"{path}: not valid YAML ({e})") from None
   if not isinstance(data, Mapping):
     raise ConfigError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}); got {type(data).__name__}")
-  return Config.from_dict(merge_overrides(data, overrides, SECTIONS), source=source)
+  try:
+    return Config.from_dict(merge_overrides(data, overrides, SECTIONS), source=source)
+  except ConfigError as e:
+    # A value that came from the command line is named as the override it was, not as the file's.
+    given = [o for o in overrides if "=" in o and f"{o.split('=', 1)[0].strip()}=" in str(e).replace("'", "")]
+    if given:
+      raise ConfigError(f"override {given[-1]}: {str(e).removeprefix(f'{source}: ')}") from None
+    raise
 
 
 def apply_overrides(config: Config, overrides: Sequence[str]) -> Config:

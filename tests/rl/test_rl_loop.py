@@ -254,7 +254,7 @@ def test_off_policy_generates_with_the_previous_weights(tmp_path):
   "override,message",
   [
     ("learner.lrr=1", "valid keys in learner"),
-    ("run.steps=abc", "run.steps='abc' must be an int"),
+    ("run.steps=abc", "override run.steps=abc: run.steps='abc' must be an int"),  # named as the override it was
     ("quant.sampler=int3", "one of bf16, int4, fp8, nvfp4, mxfp8"),
     ("learner.correction.clip_c=0.5", "learner.correction.clip_c=0.5 must be > 1"),  # the key as typed
   ],
