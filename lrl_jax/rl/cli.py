@@ -145,13 +145,23 @@ def train_main(argv: list[str] | None = None) -> int:
 
 @_one_line_errors("lrl-jax eval")
 def eval_main(argv: list[str] | None = None) -> int:
-  """`lrl-jax eval CONFIG [overrides] [--run DIR] [--compressed DIR] [--size N]`: greedy accuracy of the
-  served weights of a run's latest checkpoint (or of an exported compressed-tensors checkpoint)."""
-  p = _config_parser("lrl-jax eval", "Evaluate a run's latest checkpoint on the task's eval split.")
+  """`lrl-jax eval CONFIG_OR_RUN [overrides] [--run DIR] [--compressed DIR] [--size N]`: greedy accuracy of the
+  served weights of a run's newest intact checkpoint (or of an exported compressed-tensors checkpoint). A run
+  directory in place of the config reads the run's own config.yaml."""
+  p = _config_parser(
+    "lrl-jax eval",
+    "Evaluate a run's newest checkpoint on the task's eval split. Example: `lrl-jax eval runs/quickstart` (the "
+    "run's own config.yaml) or `lrl-jax eval configs/quickstart.yaml --run runs/quickstart --size 512`.",
+  )
   p.add_argument("--run", help="run directory (default: run.out_dir of the config)")
   p.add_argument("--compressed", help="evaluate this compressed-tensors export instead (served as stored)")
   p.add_argument("--size", type=int, help="number of eval problems (default task.eval_size)")
-  args, cfg, err = _parse(p, argv, "lrl-jax eval", "a config file is required")
+  argv = list(sys.argv[1:] if argv is None else argv)
+  for i, a in enumerate(argv):  # a run directory: its own config, and the run where it is
+    if not a.startswith("-") and "=" not in a and (Path(a) / "config.yaml").is_file():
+      argv[i : i + 1] = [str(Path(a) / "config.yaml"), f"run.out_dir={a}"]
+      break
+  args, cfg, err = _parse(p, argv, "lrl-jax eval", "a config file (or a run directory) is required")
   if cfg is None:
     return err
   if args.size is not None and args.size < 1:

@@ -106,6 +106,8 @@ def test_cli_eval_and_export(e2e, tmp_path, capsys):
   assert f"eval accuracy {100 * r.accuracy_after:.1f}%" in out
   assert cli.eval_main(["--size", "0", QS, *over]) == 2  # flags before the config, overrides after: both read
   assert "--size 0: the number of eval problems must be >= 1" in capsys.readouterr().err
+  assert cli.eval_main([str(r.out_dir)]) == 0  # a run directory: its own config.yaml
+  assert f"eval accuracy {100 * r.accuracy_after:.1f}%" in capsys.readouterr().out
   assert cli.export_main(["--format", "nvfp4", str(r.out_dir), str(tmp_path / "nv")]) == 0
   _, loaded = models.load_compressed_tensors(tmp_path / "nv")
   assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"], quant.QArray)
