@@ -221,8 +221,8 @@ def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, m
   cfg = _cfg(tmp_path, "nan", STEPS, "run.ckpt_every=1", "run.max_nonfinite_steps=2", "run.eval_every=0")
   real = loop.score_rollout
 
-  def poisoned(task, rollout, prompt_len, refs, cfg_):
-    rewards, stats = real(task, rollout, prompt_len, refs, cfg_)
+  def poisoned(task, rollout, prompt_len, refs, cfg_, pool=None):
+    rewards, stats = real(task, rollout, prompt_len, refs, cfg_, pool)
     poisoned.calls += 1  # call 1 is the evaluation before RL
     return (rewards * np.nan if poisoned.calls > 3 else rewards), stats  # steps 2, 3, ... give NaN advantages
 
