@@ -200,6 +200,39 @@ def _median_tps(run, tokens, repeats: int) -> float:
   return tokens / sorted(times)[len(times) // 2]
 
 
+def mixed_workload(served, prompts, valid, cfg, key, *, group_size: int, limits, repeats: int, pad_id: int):
+  """(static tok/s, engine tok/s, S, tokens) of a mixed-length workload: request r stops after limits[r] tokens (the
+  way RL completions end at EOS). S = b/4 rows decode at a time in both paths (the memory a deployment gives the
+  decode batch): the static batch takes the requests in waves of S, each running until its longest row ends; the
+  engine's S slots take the next request as soon as a row ends."""
+  b, G = len(limits), group_size
+  S = max(G, b // 4)
+  s = SamplingConfig(max_new_tokens=int(max(limits)), temperature=1.0, eos_id=None, pad_id=pad_id)
+  n = int(np.sum(limits))
+  waves = [(i * S // G, (i + 1) * S // G) for i in range(b // S)]
+  dt = jnp.dtype(cfg.dtype)
+
+  def static_waves():
+    return [
+      generate(
+        served,
+        prompts[a:z],
+        valid[a:z],
+        cfg,
+        s,
+        jax.random.fold_in(key, a),
+        group_size=G,
+        cache_dtype=dt,
+        limits=jnp.asarray(limits[a * G : z * G], jnp.int32),
+      )
+      for a, z in waves
+    ]
+
+  lim = jnp.asarray(limits, jnp.int32)
+  engine = lambda: generate(served, prompts, valid, cfg, s, key, group_size=G, slots=S, cache_dtype=dt, limits=lim)  # noqa: E731
+  return _median_tps(static_waves, n, repeats), _median_tps(engine, n, repeats), S, n
+
+
 def _torch_row(path, ids, new_tokens: int, repeats: int, threads: int):
   """transformers generate tok/s (f32 CPU, greedy and T=1), or None with the reason when torch is missing."""
   try:
@@ -263,6 +296,8 @@ def engine_bench(argv=None) -> int:
     flush=True,
   )
   served = {f: serve_params(params, FORMATS[f], dtype=jnp.dtype(args.dtype)) for f in args.formats}
+  lo, hi = args.mixed
+  lim_all = {b: np.random.default_rng(b).integers(lo, hi + 1, b) for b in args.batches}
   rows = []
   for b in args.batches:
     G = max(1, b // len(CHAT_PROMPTS))
@@ -292,35 +327,10 @@ def engine_bench(argv=None) -> int:
           f"({en / st:.2f}x)",
           flush=True,
         )
-      # Mixed lengths, the way RL completions end: S = b/4 rows decode at a time in both paths (the memory a
-      # deployment gives the decode batch). The static batch takes the requests in waves of S, each running until
-      # its longest row ends; the engine's S slots take the next request as soon as a row ends.
+      st, en, S, n = mixed_workload(
+        served[f], prompts, valid, cfg, key, group_size=G, limits=lim_all[b], repeats=args.repeats, pad_id=enc.pad_id
+      )
       lo, hi = args.mixed
-      lim = np.random.default_rng(b).integers(lo, hi + 1, b)
-      S = max(G, b // 4)
-      s = SamplingConfig(max_new_tokens=hi, temperature=1.0, eos_id=None, pad_id=enc.pad_id)
-      n = int(lim.sum())
-      waves = [(i * S // G, (i + 1) * S // G) for i in range(b // S)]
-
-      def static_waves(f=f, s=s):
-        return [
-          generate(
-            served[f],
-            prompts[a:z],
-            valid[a:z],
-            cfg,
-            s,
-            jax.random.fold_in(key, a),
-            group_size=G,
-            cache_dtype=jnp.dtype(args.dtype),
-            limits=jnp.asarray(lim[a * G : z * G], jnp.int32),
-          )
-          for a, z in waves
-        ]
-
-      st = _median_tps(static_waves, n, args.repeats)
-      common = dict(group_size=G, cache_dtype=jnp.dtype(args.dtype), limits=jnp.asarray(lim, jnp.int32))
-      en = _median_tps(lambda: generate(served[f], prompts, valid, cfg, s, key, slots=S, **common), n, args.repeats)
       rows.append((b, f"mixed {lo}-{hi}", f"static T=1, waves of {S}", f, st))
       rows.append((b, f"mixed {lo}-{hi}", f"engine T=1, {S} slots", f, en))
       print(
