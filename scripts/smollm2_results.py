@@ -59,12 +59,16 @@ BOOT = 10_000
 
 
 def _run(config: str, overrides: list[str], out: Path, reuse: bool, *, export: bool = False) -> Path:
-  """Trains `config` + overrides into `out` unless --reuse finds a finished run with the same overrides there."""
+  """Trains `config` + overrides into `out` unless --reuse finds a finished run with the same overrides there (or
+  a stopped one to continue)."""
   key = out / "campaign_key.json"
   if reuse and key.is_file() and json.loads(key.read_text()) == overrides and (out / "eval_after.jsonl").is_file():
     return out
   cfg = load_config(config, [*overrides, f"run.out_dir={out}"])
-  train(cfg, overwrite=True, progress=False, export=export)
+  # --reuse also continues a run that was stopped part-way (its checkpoints; the run directory refuses a resume
+  # whose config changed in a way that matters)
+  partial = reuse and not key.is_file() and (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir())
+  train(cfg, resume=partial, overwrite=not partial, progress=False, export=export)
   key.write_text(json.dumps(overrides))
   return out
 
