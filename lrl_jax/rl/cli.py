@@ -26,6 +26,7 @@ from lrl_jax import models
 from lrl_jax.config import ConfigError, describe, load_config
 from lrl_jax.learner import CheckpointError, NonFiniteError
 from lrl_jax.rl.loop import evaluate, restore_run, served_weights, train
+from lrl_jax.rl.rundir import checkpoint_mismatch
 from lrl_jax.rl.setup import build_model
 from lrl_jax.rl.sync import merge_lora
 
@@ -70,11 +71,14 @@ def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def _one_line_errors(prog: str):
   """A command's unexpected error as one line on stderr and exit 1 (a bad file, a mismatched checkpoint: the message
-  names it); `LRL_JAX_DEBUG=1` re-raises it with its traceback."""
+  names it); `LRL_JAX_DEBUG=1` re-raises it with its traceback (and keeps the libraries' own error logs)."""
 
   def wrap(fn):
     @functools.wraps(fn)
     def run(argv: list[str] | None = None) -> int:
+      if not os.environ.get("LRL_JAX_DEBUG"):
+        # orbax logs what it cannot parse through absl before raising: the error this command reports says it
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
       try:
         return fn(argv)
       except (KeyboardInterrupt, SystemExit):
@@ -157,10 +161,17 @@ def eval_main(argv: list[str] | None = None) -> int:
   p.add_argument("--compressed", help="evaluate this compressed-tensors export instead (served as stored)")
   p.add_argument("--size", type=int, help="number of eval problems (default task.eval_size)")
   argv = list(sys.argv[1:] if argv is None else argv)
-  for i, a in enumerate(argv):  # a run directory: its own config, and the run where it is
-    if not a.startswith("-") and "=" not in a and (Path(a) / "config.yaml").is_file():
-      argv[i : i + 1] = [str(Path(a) / "config.yaml"), f"run.out_dir={a}"]
+  i = 0
+  while i < len(argv):  # a run directory in the config's place: its own config, and the run where it is
+    a = argv[i]
+    if a in ("--run", "--compressed", "--size"):
+      i += 2  # an option's value is not the config
+      continue
+    if not a.startswith("-") and "=" not in a:
+      if (Path(a) / "config.yaml").is_file():
+        argv[i : i + 1] = [str(Path(a) / "config.yaml"), f"run.out_dir={a}"]
       break
+    i += 1
   args, cfg, err = _parse(p, argv, "lrl-jax eval", "a config file (or a run directory) is required")
   if cfg is None:
     return err
@@ -180,6 +191,10 @@ def eval_main(argv: list[str] | None = None) -> int:
     run = args.run or cfg.run.out_dir
     if not (Path(run) / "checkpoints").is_dir():
       print(f"lrl-jax eval: no checkpoints in {run} (train first, or pass --run DIR)", file=sys.stderr)
+      return EXIT_CONFIG
+    why = checkpoint_mismatch(Path(run), cfg)
+    if why is not None:
+      print(f"lrl-jax eval: {why}", file=sys.stderr)
       return EXIT_CONFIG
     try:
       setup, state = restore_run(cfg, out_dir=run)

@@ -21,7 +21,16 @@ from typing import Any
 
 from lrl_jax.config import ConfigError, load_config
 
-__all__ = ["RESUMABLE", "existing_run", "config_changes", "check_run_dir", "write_config", "clear_run"]
+__all__ = [
+  "RESUMABLE",
+  "CHECKPOINT_KEYS",
+  "existing_run",
+  "config_changes",
+  "checkpoint_mismatch",
+  "check_run_dir",
+  "write_config",
+  "clear_run",
+]
 
 # Keys a resumed run may change: they steer what is left of the run, not what the checkpoint holds. (run.steps
 # also sets a cosine schedule's length: the learning rate of the steps still to come follows the new length.)
@@ -41,6 +50,21 @@ RESUMABLE = frozenset(
 )
 
 
+# Keys (dotted prefixes) that decide what a run's checkpoint holds and how its served weights follow from it: `eval`
+# and `export` refuse a config that differs from the run's own on one of them (the rest -- served format, group size,
+# eval set, sampling -- are evaluation choices).
+CHECKPOINT_KEYS = (
+  "model.",
+  "learner.lora",
+  "learner.opt_state_",
+  "learner.value.",
+  "learner.policy_loss",
+  "quant.learner",
+  "quant.int4_scheme",
+  "quant.int4_zero_point",
+)
+
+
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
   out = {}
   for k, v in d.items():
@@ -56,6 +80,19 @@ def config_changes(old, new) -> dict[str, tuple[Any, Any]]:
   """{dotted key: (old value, new value)} of every key the two configs disagree on."""
   a, b = _flat(old.to_dict()), _flat(new.to_dict())
   return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def checkpoint_mismatch(run: Path, cfg) -> str | None:
+  """None if `cfg` agrees with the run directory's own config.yaml on every `CHECKPOINT_KEYS` key (or the run has
+  none), else one line naming each differing key with the run's and the given value."""
+  saved_path = Path(run) / "config.yaml"
+  if not saved_path.is_file():
+    return None
+  bad = {k: v for k, v in config_changes(load_config(saved_path), cfg).items() if k.startswith(CHECKPOINT_KEYS)}
+  if not bad:
+    return None
+  listed = "; ".join(f"{k}: the run's {a!r}, given {b!r}" for k, (a, b) in bad.items())
+  return f"the config differs from {saved_path} in what the checkpoint holds ({listed}); drop those overrides"
 
 
 def existing_run(out: Path) -> dict[str, Any]:

@@ -129,3 +129,63 @@ def test_cli_reports_a_broken_model_file_in_one_line(tmp_path, capsys, monkeypat
   err = capsys.readouterr().err.strip().splitlines()
   assert rc == 1 and len(err) == 1 and str(bad) in err[0] and "LRL_JAX_DEBUG" in err[0]
   assert not (tmp_path / "run").exists()
+
+
+def _err_lines(capsys) -> list[str]:
+  return [x for x in capsys.readouterr().err.strip().splitlines() if x]
+
+
+def test_cli_errors_name_the_thing_in_one_line_and_change_nothing(tmp_path, capsys, monkeypatch):
+  """Each bad input of the issue's list through the CLI: a non-zero exit, one line naming the file / key / value (a
+  damaged checkpoint adds the fallback's one warning line per checkpoint tried), and the run directory's files
+  byte for byte as they were."""
+  monkeypatch.delenv("LRL_JAX_DEBUG", raising=False)
+  run = tmp_path / "run"
+  over = [*SMALL, "run.steps=2", "run.eval_every=0", f"run.out_dir={run}"]
+  assert cli.train_main([QS, *over, "--no-progress", "--no-export"]) == 0
+  capsys.readouterr()
+  before = _snapshot(run)
+
+  # eval with a model config other than the run's: refused before restoring, the key named (both ways to name the run)
+  for argv in ([QS, "--run", str(run), *over, "model.hidden_size=128"], [str(run), "model.hidden_size=128"]):
+    assert cli.eval_main(argv) == 2
+    (line,) = _err_lines(capsys)
+    assert "model.hidden_size: the run's 64, given 128" in line and str(run / "config.yaml") in line
+  for size in ("0", "-5"):
+    assert cli.eval_main(["--size", size, str(run)]) == 2
+    assert _err_lines(capsys) == [f"lrl-jax eval: --size {size}: the number of eval problems must be >= 1"]
+
+  # a model source that is not there, or a safetensors file cut short: one line naming the path, nothing written
+  missing = tmp_path / "no_such_hf_dir"
+  rc = cli.train_main([QS, *SMALL, f"model.source=hf:{missing}", f"run.out_dir={tmp_path / 'x'}", "--no-progress"])
+  (line,) = _err_lines(capsys)
+  assert rc == 2 and str(missing) in line
+  mc = models.ModelConfig(
+    arch="qwen2", vocab_size=20, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2
+  )
+  hf = models.save_hf(tmp_path / "hf", mc, models.init_params(mc, jax.random.PRNGKey(0)))
+  st = next(Path(hf).glob("*.safetensors"))
+  st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])
+  rc = cli.train_main([QS, *SMALL, f"model.source=hf:{hf}", f"run.out_dir={tmp_path / 'y'}", "--no-progress"])
+  (line,) = _err_lines(capsys)
+  assert rc in (1, 2) and st.name in line, line
+  assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+  assert _snapshot(run) == before
+
+  # every checkpoint damaged: eval and export name the directory and why; the orbax logs stay quiet
+  for f in (run / "checkpoints").rglob("*"):
+    if f.is_file() and f.stat().st_size > 200:
+      f.write_bytes(f.read_bytes()[:-100])
+  damaged = _snapshot(run)
+  steps = L.Checkpointer(run / "checkpoints").all_steps()
+  for argv, main in (
+    ([str(run)], cli.eval_main),
+    (["--format", "int4", str(run), str(tmp_path / "exp")], cli.export_main),
+  ):
+    assert main(argv) == 2
+    lines = _err_lines(capsys)
+    # (the fallback's warnings go through `logging`: on stderr in a shell, to pytest's log capture here)
+    assert len(lines) <= len(steps) + 1 and all("is damaged" in x for x in lines[:-1]), lines
+    assert f"no intact checkpoint in {run / 'checkpoints'}" in lines[-1]
+  assert not (tmp_path / "exp").exists()
+  assert _snapshot(run) == damaged
