@@ -68,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"lrl-jax: unknown command {argv[0]!r}{hint}; commands: {', '.join(_COMMANDS)}", file=sys.stderr)
     return 2
   if argv and argv[0] == "demo":  # the README's main job: the embedded quickstart RL run
+    if any(a in ("-h", "--help") for a in argv[1:]):
+      print(
+        "usage: lrl-jax demo [section.key=value ...]\n\nThe README's main job: `lrl-jax train "
+        f"{QUICKSTART} --overwrite` (a tiny model learns 2-digit addition: warm-up, then GRPO with INT4 QAT and INT4 "
+        "rollouts; minutes on 2 CPU cores; it replaces runs/quickstart). Overrides as for train. Example: `lrl-jax "
+        "demo run.steps=50`; every train option: `lrl-jax train --help`."
+      )
+      return 0
     argv = ["train", str(QUICKSTART), "--overwrite", *argv[1:]]  # a demo replaces its previous run
   if argv and argv[0] in _RL_COMMANDS:  # `lrl-jax train configs/x.yaml [key=value ...]` and friends
     from lrl_jax.rl import cli as rl_cli  # noqa: PLC0415
@@ -84,16 +92,30 @@ def main(argv: list[str] | None = None) -> int:
   sub.add_parser("eval", help="evaluate a run's checkpoint: `lrl-jax eval configs/x.yaml [--run DIR] [--size N]`")
   sub.add_parser("export", help="export a run's weights: `lrl-jax export --format int4|nvfp4|hf RUN OUT_DIR`")
   sub.add_parser("demo", help="the README's main job: `lrl-jax train configs/quickstart.yaml --overwrite`")
-  p = sub.add_parser("numerics", help="error table of every quantization format")
-  p.add_argument("--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"))
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--repeats", type=int, default=3)
+  p = sub.add_parser(
+    "numerics",
+    help="error table of every quantization format",
+    description="Quantize one N(0,1) weight matrix in every format of the contract (INT4, FP8, MXFP8, NVFP4) and "
+    "print each one's error and bits per weight; checks fake_quant == dequantize(quantize) bit for bit. Example: "
+    "`lrl-jax numerics --shape 1024 1024`.",
+  )
+  p.add_argument(
+    "--shape", type=int, nargs=2, default=(4096, 4096), metavar=("K", "N"), help="matrix shape (4096 4096)"
+  )
+  p.add_argument("--seed", type=int, default=0, help="the matrix's random seed")
+  p.add_argument("--repeats", type=int, default=3, help="timing repeats per format (median)")
   p = sub.add_parser(
     "bench",
     help="benchmarks: `lrl-jax bench kernels [--quick ...]`, `lrl-jax bench sampler [...]`, "
     "`lrl-jax bench learner memory|qat|torch [...]`",
   )
-  p.add_argument("what", choices=["kernels", "sampler", "learner"])
+  p.add_argument(
+    "what",
+    choices=["kernels", "sampler", "learner"],
+    help="kernels: low-bit matmuls vs bf16 (`lrl-jax bench kernels --quick`); sampler: SmolLM2 rollouts, this "
+    "sampler vs transformers, every format (`lrl-jax bench sampler --batches 16 64`); learner: memory / QAT cost / "
+    "torch (`lrl-jax bench learner memory`). Each takes --help.",
+  )
   args, rest = parser.parse_known_args(argv)
   if args.command == "numerics":
     if rest:

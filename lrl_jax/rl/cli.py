@@ -98,7 +98,12 @@ def _one_line_errors(prog: str):
 @_one_line_errors("lrl-jax train")
 def train_main(argv: list[str] | None = None) -> int:
   """`lrl-jax train CONFIG [section.key=value ...] [--resume | --overwrite] [--no-progress] [--no-export]`."""
-  p = _config_parser("lrl-jax train", "Run an RL job: warm-up, RL steps, evaluation, checkpoints, plots.")
+  p = _config_parser(
+    "lrl-jax train",
+    "Run an RL job: warm-up, RL steps, evaluation, checkpoints, plots. Example: `lrl-jax train "
+    "configs/smollm2_grpo.yaml run.steps=60 learner.lr=1e-5`, then `lrl-jax train configs/smollm2_grpo.yaml "
+    "run.steps=90 --resume` to go on (`--help-config` lists every key).",
+  )
   p.add_argument(
     "--resume",
     action="store_true",
@@ -224,7 +229,11 @@ def export_main(argv: list[str] | None = None) -> int:
 
   RUN_OR_CKPT is a run directory (with config.yaml and checkpoints/) or its checkpoints/ directory.
   """
-  p = argparse.ArgumentParser(prog="lrl-jax export", description="Export a run's weights as compressed-tensors.")
+  p = argparse.ArgumentParser(
+    prog="lrl-jax export",
+    description="Export a run's newest intact checkpoint as compressed-tensors (INT4 / NVFP4, loadable by vLLM and "
+    "SGLang) or as a float HF checkpoint. Example: `lrl-jax export --format int4 runs/quickstart out/int4`.",
+  )
   p.add_argument(
     "--format", required=True, choices=["int4", "nvfp4", "hf"], help="weight format (hf: float32, no quantization)"
   )

@@ -274,6 +274,27 @@ def test_cli_suggests_the_command_meant(capsys):
   assert "unknown command 'trian' (did you mean 'train'?)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["train", "eval", "export", "demo", "numerics"])
+def test_every_command_help_gives_an_example(command, capsys):
+  from lrl_jax.cli import main  # noqa: PLC0415
+
+  try:
+    rc = main([command, "--help"])
+  except SystemExit as e:  # argparse's --help exits 0
+    rc = e.code
+  out = capsys.readouterr().out
+  assert rc == 0 and f"lrl-jax {command}" in out and "Example" in out, out
+
+
+def test_top_level_help_lists_every_command(capsys):
+  from lrl_jax.cli import _COMMANDS, main  # noqa: PLC0415
+
+  with pytest.raises(SystemExit) as e:
+    main(["--help"])
+  out = capsys.readouterr().out
+  assert e.value.code == 0 and all(c in out for c in _COMMANDS), out
+
+
 def test_cli_missing_config_file_exits_2(capsys, tmp_path):
   assert cli.train_main([str(tmp_path / "nope.yaml")]) == 2
   assert "not found" in capsys.readouterr().err
