@@ -120,8 +120,23 @@ def _correct(path: Path) -> np.ndarray:
   return np.asarray([r["reward"] >= 1.0 for r in rows if r["set"] == ""], np.float64)
 
 
+def _run_clock(recs: list[dict]) -> list[dict]:
+  """Records with `time/elapsed_s` as the run's clock: a run resumed by an older loop restarted its clock at the
+  resume, so from the first record whose clock goes back, the last kept record's time is added."""
+  out, offset, last = [], 0.0, 0.0
+  for r in recs:
+    if "time/elapsed_s" in r:
+      t = r["time/elapsed_s"] + offset
+      if t < last:  # a restart: this clock began again at 0
+        offset, t = last, r["time/elapsed_s"] + last
+      last = t
+      r = {**r, "time/elapsed_s": t}
+    out.append(r)
+  return out
+
+
 def read_run(arm: str, seed: int, out: Path) -> Run:
-  recs = read_metrics(out / "metrics.jsonl")
+  recs = _run_clock(read_metrics(out / "metrics.jsonl"))
   ev = [r for r in recs if r["phase"] == "eval"]
   rl = [r for r in recs if r["phase"] == "rl"]
   mean = lambda k: float(np.mean([r[k] for r in rl if r.get(k) is not None])) if rl else float("nan")  # noqa: E731
@@ -223,7 +238,7 @@ def render(runs: list[Run], rec: dict | None, args, wall_total: float) -> str:
     "",
     f"Produced by `python scripts/smollm2_results.py {' '.join(sys.argv[1:])}` on "
     f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC ({platform.machine()} CPU, 2 cores; "
-    f"{wall_total / 3600:.1f} h in all). Every number below comes from the run directories it wrote.",
+    f"{wall_total / 3600:.1f} h of runs in all). Every number below comes from the run directories it wrote.",
     "",
     "Task: 2-digit additions in SmolLM2's chat template (`What is a+b=? Answer with the number only.`), reward 1 "
     "iff the last number of the reply is the sum. Evaluation: a fixed set of "
@@ -364,11 +379,9 @@ def main(argv=None) -> int:
   ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides of every run (smoke runs)")
   args = ap.parse_args(argv)
   root = Path(args.root)
-  t0 = time.perf_counter()
   rec = None
   recovered = None
   if "int4_qat" in args.arms:
-    ts = time.perf_counter()
     recovered = recovery_stage(root, args.recover_steps, args.recover_eval_every, args.reuse, args.set)
     recs = read_metrics(root / "recover" / "metrics.jsonl")
     kl = [r for r in recs if r["phase"] == "recover" and "distill_kl" in r]
@@ -380,7 +393,10 @@ def main(argv=None) -> int:
       "after": after,
       "steps": len(kl),
       "step_s": float(np.mean([r["time/step_s"] for r in kl])) if kl else float("nan"),
-      "wall_s": time.perf_counter() - ts if not args.reuse else sum(r["time/step_s"] for r in kl),
+      "wall_s": max(
+        (r["time/elapsed_s"] for r in _run_clock(recs) if "time/elapsed_s" in r),
+        default=sum(r["time/step_s"] for r in kl),
+      ),
     }
     print(f"recovery: {curve}", flush=True)
   runs = []
@@ -399,7 +415,8 @@ def main(argv=None) -> int:
   figs = Path(args.figures)
   figs.mkdir(parents=True, exist_ok=True)
   plot_curves(runs, figs / "smollm2_accuracy_vs_step.png", figs / "smollm2_accuracy_vs_wall.png")
-  text = render(runs, rec, args, time.perf_counter() - t0)
+  # the campaign's compute: every run's own clock (a --reuse report reads it from the runs, not from this call)
+  text = render(runs, rec, args, (rec["wall_s"] if rec else 0.0) + sum(r.wall_s for r in runs))
   Path(args.out).write_text(text, encoding="utf-8")
   print(text)
   return 0

@@ -217,7 +217,7 @@ def _write_problems(path: Path, rows: list[dict]) -> None:
 
 
 def _elapsed(t_start: float) -> dict[str, float]:
-  """{"time/elapsed_s": wall seconds since `train` started} (this call's: a resumed run counts from its restart)."""
+  """{"time/elapsed_s": wall seconds of the run} (a resumed run's clock goes on from its last kept record)."""
   return {"time/elapsed_s": time.perf_counter() - t_start}
 
 
@@ -371,7 +371,7 @@ def train(
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
   """
-  t_start = time.perf_counter()
+  t_start = t_call = time.perf_counter()
   out = Path(cfg.run.out_dir)
   changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written
   K = cfg.learner.minibatches
@@ -397,6 +397,8 @@ def train(
       pre = json.loads((out / _PRE_RL).read_text())
     write_config(cfg, out, changes, step=start)
     logger = M.MetricsLogger(out, resume_from_step=start)
+    # the run's clock goes on from its last kept record (the time between that record and the interruption is lost)
+    t_start -= max((r.get("time/elapsed_s", 0.0) for r in M.read_metrics(logger.path)), default=0.0)
     print(f"resumed from {ckpt.directory} at RL step {start}", flush=True)
     for key, (a, b) in changes.items():
       print(f"  changed on resume: {key}: {a!r} -> {b!r} (config_history.jsonl)", flush=True)
@@ -518,7 +520,7 @@ def train(
     reward_last=float(np.mean(rewards[-5:])) if rewards else float("nan"),
     reward_failures=int(sum(r.get("reward_failed", 0) for r in rl)),
     skipped_steps=int(guard.total_skipped),
-    wall_s=time.perf_counter() - t_start,
+    wall_s=time.perf_counter() - t_call,
     paths=paths,
     records=records,
     eval_before={k: v for k, v in pre.items() if k.startswith("eval_")},

@@ -128,8 +128,10 @@ def test_resume_gives_the_same_next_step_metrics(e2e, tmp_path):
       assert b[k][key] == pytest.approx(a[k][key], rel=1e-6, abs=1e-9), (k, key)
   assert resumed.accuracy_after == full.accuracy_after
   assert resumed.accuracy_before == full.accuracy_before  # read back from the run directory
-  rl = [x["step"] for x in read_metrics(tmp_path / "b" / "metrics.jsonl") if x["phase"] == "rl"]
-  assert rl == [0, 1, 2, 3]
+  recs = read_metrics(tmp_path / "b" / "metrics.jsonl")
+  assert [x["step"] for x in recs if x["phase"] == "rl"] == [0, 1, 2, 3]
+  clock = [x["time/elapsed_s"] for x in recs if "time/elapsed_s" in x]
+  assert clock == sorted(clock)  # the run's clock goes on across the resume
 
 
 def test_off_policy_resume_generates_with_the_stale_weights_it_had(tmp_path):
