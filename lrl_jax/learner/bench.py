@@ -2,8 +2,9 @@
 
 lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1024] [--prompt 256]
   peak bytes of the compiled GRPO train step (`compiled.memory_analysis()`, ahead of time on this backend:
-  nothing runs, nothing is allocated) and its `cost_analysis()` flops, for the baseline (f32 Adam, no remat,
-  logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits), then all.
+  nothing runs, nothing is allocated) and its matmul flops (`matmul_flops`, from the shapes), for the baseline (f32
+  Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
+  then all.
 lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
   process (median of `repeats`, compile excluded), their ratio; the AOT `cost_analysis()` bytes accessed ratio
@@ -11,7 +12,7 @@ lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3]
 lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it), tokens trained per second, and
-  against the matmul bound: the step's flops (`cost_analysis()`) over the machine's measured f32 dot rate.
+  against the matmul bound: the step's matmul flops (`matmul_flops`) over the machine's measured f32 dot rate.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from lrl_jax.learner.state import create_train_state
 from lrl_jax.learner.step import train_step
 from lrl_jax.rollout import Rollout
 
-__all__ = ["MODELS", "abstract_rollout", "step_memory", "main"]
+__all__ = ["MODELS", "abstract_rollout", "step_memory", "matmul_flops", "main"]
 
 MODELS = {"smollm2": models.SMOLLM2_135M, "qwen2.5-7b": models.QWEN2_5_7B}
 
@@ -83,6 +84,26 @@ def step_memory(model_cfg, cfg: LearnerConfig, rollout) -> dict[str, float]:
   }
 
 
+def matmul_flops(mc, batch: int, seq: int, prompt: int, group: int, *, share_prompt: bool = True, remat=None) -> float:
+  """The matmul flops of one GRPO train step, counted from the shapes (forward, and backward = 2 x forward; full
+  remat runs the trunk's forward once more). `cost_analysis()` cannot give this: it counts a loop body once, and the
+  layers run in a `lax.scan`.
+
+  Counted: the projections and the MLP of every trunk position (a group's prompt once when `share_prompt`), causal
+  attention (4 · heads · head_dim flops per query-key pair, keys up to and including the query), and the LM head at
+  the completion slots only (the learner computes no other logits)."""
+  d, hd, H, KV = mc.hidden_size, mc.head_dim, mc.num_heads, mc.num_kv_heads
+  per_token = 2 * (d * H * hd + 2 * d * KV * hd + H * hd * d + 3 * d * mc.intermediate_size)  # one layer
+  n = seq - prompt
+  prompt_rows = batch // group if share_prompt else batch
+  tokens = prompt_rows * prompt + batch * n
+  pairs = prompt_rows * prompt * (prompt + 1) // 2 + batch * sum(t + 1 for t in range(prompt, seq))
+  trunk = mc.num_layers * (per_token * tokens + 4 * H * hd * pairs)
+  head = 2 * d * mc.vocab_size * batch * n
+  forward = trunk + head
+  return float(3 * forward + (trunk if remat == "full" else 0))
+
+
 def memory(args) -> int:
   print(
     f"GRPO train step, batch {args.batch} x {args.seq} tokens (prompt {args.prompt}, groups of {args.group}), bf16 "
@@ -91,14 +112,17 @@ def memory(args) -> int:
     flush=True,
   )
   roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)
-  print("\n| model | technique | peak GiB | vs baseline | state (args) GiB | temporaries GiB | TFLOP / step |")
+  print(
+    "\n| model | technique | peak GiB | vs baseline | state (args) GiB | temporaries GiB | matmul TFLOP / step "
+    "(from the shapes) |"
+  )
   print("|---|---|---|---|---|---|---|")
-  # cost_analysis() counts a loop body once: the chunked-logits rows undercount their flops, so only the rows
-  # without chunks print them.
   for name in args.models:
     mc = MODELS[name]
     base = None
     for label, kw in TECHNIQUES.items():
+      if args.only and kw and not any(w in label for w in args.only):
+        continue
       cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
       t0 = time.perf_counter()
       m = step_memory(mc, cfg, roll)
@@ -106,7 +130,7 @@ def memory(args) -> int:
       print(
         f"| {name} | {label} | {m['peak_bytes'] / 2**30:.2f} | {m['peak_bytes'] / base:.2f}x | "
         f"{m['argument_bytes'] / 2**30:.2f} | {m['temp_bytes'] / 2**30:.2f} | "
-        f"{'' if cfg.logit_chunk else format(m['flops'] / 1e12, '.1f')} |",
+        f"{matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, remat=cfg.remat) / 1e12:.1f} |",
         flush=True,
       )
       if args.verbose:
@@ -261,7 +285,9 @@ def torch_peer(args) -> int:
   )
   rate = _dot_rate()
   print(f"measured f32 dot rate (2048^3, XLA): {rate / 1e9:.1f} GFLOP/s", flush=True)
-  print("\n| learner | step s | tokens / s | vs torch | flops / step (cost_analysis) | matmul bound s | vs bound |")
+  print(
+    "\n| learner | step s | tokens / s | vs torch | matmul flops / step (from the shapes) | matmul bound s | vs bound |"
+  )
   print("|---|---|---|---|---|---|---|")
   t_torch, label = _torch_step(args.batch, args.seq, args.prompt, args.repeats, threads)
   rows = []
@@ -272,7 +298,7 @@ def torch_peer(args) -> int:
   ):
     cfg = LearnerConfig(lr=1e-6, **kw)
     t = _time_steps(mc, cfg, roll, args.repeats, params)
-    flops = step_memory(mc, cfg, roll)["flops"]
+    flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
     rows.append((name, t, flops))
   if t_torch is not None:
     print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | |")
@@ -295,6 +321,13 @@ def main(argv=None) -> int:
   ap.add_argument("--prompt", type=int, default=None, help="prompt slots (memory: 256; qat / torch: 48)")
   ap.add_argument("--group", type=int, default=8, help="completions per prompt (the learner runs a prompt once)")
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument(
+    "--only",
+    nargs="+",
+    default=None,
+    metavar="WORD",
+    help="memory: only the techniques whose label contains one of these words (the baseline always runs)",
+  )
   ap.add_argument("--verbose", action="store_true")
   args = ap.parse_args(argv)
   big = args.what == "memory"
