@@ -9,7 +9,7 @@ import numpy as np
 
 from lrl_jax.tasks.reward import score_batch
 
-__all__ = ["Task", "PromptEncoder", "SupervisedBatch", "pad_sequences", "Split"]
+__all__ = ["Task", "RowsTask", "PromptEncoder", "SupervisedBatch", "pad_sequences", "Split"]
 
 Split = Literal["train", "eval"]
 
@@ -170,3 +170,30 @@ class Task(abc.ABC):
   def score(self, completions: Sequence[str], references: Sequence[str], *, timeout_s: float | None = 1.0):
     """`score_batch(self, completions, references, timeout_s=...)`: (rewards float32 [B], stats)."""
     return score_batch(self, completions, references, timeout_s=timeout_s)
+
+
+class RowsTask(Task):
+  """A task whose problems are rows of (prompt, reference): `rows` (train), `eval_rows`, `seed` set by the subclass.
+
+  Data order: the train split runs through the rows in a fresh permutation per epoch,
+  `np.random.default_rng([seed, epoch]).permutation(n)`, so batch `step` is a pure function of (seed, step, batch
+  size). The eval split is `eval_rows` in order, wrapping."""
+
+  rows: list[tuple[str, str]]
+  eval_rows: list[tuple[str, str]]
+  seed: int
+
+  def _row(self, i: int, split: Split) -> tuple[str, str]:
+    if split == "eval":
+      return self.eval_rows[i % len(self.eval_rows)]
+    if split != "train":
+      raise ValueError(f"split must be 'train' or 'eval'; got {split!r}")
+    n = len(self.rows)
+    perm = np.random.default_rng([self.seed, i // n]).permutation(n)
+    return self.rows[int(perm[i % n])]
+
+  def prompts(self, step: int, batch_size: int, *, split: Split = "train") -> tuple[list[str], list[str]]:
+    if step < 0 or batch_size <= 0:
+      raise ValueError(f"prompts: need step >= 0 and batch_size > 0; got step={step}, batch_size={batch_size}")
+    rows = [self._row(step * batch_size + j, split) for j in range(batch_size)]
+    return [p for p, _ in rows], [r for _, r in rows]

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
-from lrl_jax.tasks.base import PromptEncoder, Split, Task
+from lrl_jax.tasks.base import PromptEncoder, RowsTask
 from lrl_jax.tasks.numbers import extract_completion_answer, extract_reference_answer, parse_number
 
 __all__ = ["GSM8KTask", "load_gsm8k"]
@@ -45,7 +43,7 @@ def load_gsm8k(path) -> list[tuple[str, str]]:
   return rows
 
 
-class GSM8KTask(Task):
+class GSM8KTask(RowsTask):
   """Questions from a GSM8K-format JSONL file; reward 1 iff the extracted number equals the reference's.
 
   Data order: the train split runs through the rows in a fresh permutation per epoch,
@@ -73,21 +71,6 @@ class GSM8KTask(Task):
     self.format_reward = float(format_reward)
     self.rows = load_gsm8k(self.path)
     self.eval_rows = self.rows if eval_path is None else load_gsm8k(eval_path)
-
-  def _row(self, i: int, split: Split) -> tuple[str, str]:
-    if split == "eval":
-      return self.eval_rows[i % len(self.eval_rows)]
-    if split != "train":
-      raise ValueError(f"split must be 'train' or 'eval'; got {split!r}")
-    n = len(self.rows)
-    perm = np.random.default_rng([self.seed, i // n]).permutation(n)
-    return self.rows[int(perm[i % n])]
-
-  def prompts(self, step: int, batch_size: int, *, split: Split = "train") -> tuple[list[str], list[str]]:
-    if step < 0 or batch_size <= 0:
-      raise ValueError(f"prompts: need step >= 0 and batch_size > 0; got step={step}, batch_size={batch_size}")
-    rows = [self._row(step * batch_size + j, split) for j in range(batch_size)]
-    return [q for q, _ in rows], [a for _, a in rows]
 
   def reward(self, completion: str, reference: str) -> float:
     ref = extract_reference_answer(reference)

@@ -23,9 +23,7 @@ import json
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
-
-from lrl_jax.tasks.base import PromptEncoder, Split, Task
+from lrl_jax.tasks.base import PromptEncoder, RowsTask
 from lrl_jax.tasks.numbers import find_numbers, parse_number
 
 __all__ = ["PromptsTask", "load_prompts", "resolve_reward", "exact_match", "last_number_match"]
@@ -102,7 +100,7 @@ def load_prompts(path, *, prompt_key: str = "prompt", reference_key: str = "refe
   return rows
 
 
-class PromptsTask(Task):
+class PromptsTask(RowsTask):
   """A task from rows of (prompt, reference) and a reward function (module docstring).
 
   Data order: the train split runs through the rows in a fresh permutation per epoch,
@@ -136,21 +134,6 @@ class PromptsTask(Task):
     self.reward_fn = resolve_reward(reward)
     self.encoder = encoder
     self.seed = int(seed)
-
-  def _row(self, i: int, split: Split) -> tuple[str, str]:
-    if split == "eval":
-      return self.eval_rows[i % len(self.eval_rows)]
-    if split != "train":
-      raise ValueError(f"split must be 'train' or 'eval'; got {split!r}")
-    n = len(self.rows)
-    perm = np.random.default_rng([self.seed, i // n]).permutation(n)
-    return self.rows[int(perm[i % n])]
-
-  def prompts(self, step: int, batch_size: int, *, split: Split = "train") -> tuple[list[str], list[str]]:
-    if step < 0 or batch_size <= 0:
-      raise ValueError(f"prompts: need step >= 0 and batch_size > 0; got step={step}, batch_size={batch_size}")
-    rows = [self._row(step * batch_size + j, split) for j in range(batch_size)]
-    return [p for p, _ in rows], [r for _, r in rows]
 
   def reward(self, completion: str, reference: str) -> float:
     return self.reward_fn(completion, reference)

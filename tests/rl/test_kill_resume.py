@@ -19,16 +19,10 @@ import pytest
 
 from lrl_jax.config import load_config
 from lrl_jax.rl import loop, read_metrics
+from tests.rl.test_rl_loop import QS, SMALL
 
-QS = "configs/quickstart.yaml"
 BASE = [
-  "run.sft_steps=3",
-  "run.sft_batch=16",
-  "run.batch_prompts=4",
-  "task.eval_size=16",
-  "run.eval_every=2",
-  "learner.mesh=[1,1,1]",
-  "learner.lr=3e-4",
+  *SMALL,
   "run.steps=6",
   "run.ckpt_every=1",
   "task.format_reward=0.5",  # non-zero advantages from the start: the weights move at every step
