@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from lrl_jax.tasks.base import PromptEncoder, RowsTask
 from lrl_jax.tasks.numbers import extract_completion_answer, extract_reference_answer, parse_number
+from lrl_jax.tasks.prompts import load_prompts
 
 __all__ = ["GSM8KTask", "load_gsm8k"]
 
@@ -17,30 +17,14 @@ def load_gsm8k(path) -> list[tuple[str, str]]:
   Blank lines are skipped. Raises FileNotFoundError, or ValueError naming the file and line of a row
   that is not JSON, lacks a string question / answer, or whose answer has no number after '####'.
   """
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"GSM8K file not found: {path}")
-  rows = []
-  with path.open(encoding="utf-8") as f:
-    for lineno, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-      if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object with 'question' and 'answer'; got {type(row).__name__}")
-      for key in ("question", "answer"):
-        if not isinstance(row.get(key), str):
-          raise ValueError(f"{where}: field {key!r} must be a string; got {row.get(key)!r:.80}")
-      if extract_reference_answer(row["answer"]) is None:
-        raise ValueError(f"{where}: answer has no number after '####': {row['answer'][-80:]!r}")
-      rows.append((row["question"], row["answer"]))
-  if not rows:
-    raise ValueError(f"{path}: no rows")
-  return rows
+
+  def no_number(question: str, answer: str) -> str | None:
+    del question
+    if extract_reference_answer(answer) is None:
+      return f"answer has no number after '####': {answer[-80:]!r}"
+    return None
+
+  return load_prompts(path, prompt_key="question", reference_key="answer", what="GSM8K", check=no_number)
 
 
 class GSM8KTask(RowsTask):

@@ -70,15 +70,23 @@ def resolve_reward(spec: str | Callable) -> Callable[[str, str], float]:
   return fn
 
 
-def load_prompts(path, *, prompt_key: str = "prompt", reference_key: str = "reference") -> list[tuple[str, str]]:
+def load_prompts(
+  path,
+  *,
+  prompt_key: str = "prompt",
+  reference_key: str = "reference",
+  what: str = "prompts",
+  check: Callable[[str, str], str | None] | None = None,
+) -> list[tuple[str, str]]:
   """(prompt, reference) rows of a JSONL file of {"prompt": str, "reference": str} objects (blank lines skipped).
 
   Raises FileNotFoundError, or ValueError naming the file and line of a row that is not a JSON object with those two
-  string fields, or of a file without rows.
+  string fields, or of a file without rows. `what` names the file in the not-found error; `check(prompt, reference)`
+  returns what is wrong with a row (named with its file and line), or None.
   """
   path = Path(path)
   if not path.is_file():
-    raise FileNotFoundError(f"prompts file not found: {path}")
+    raise FileNotFoundError(f"{what} file not found: {path}")
   rows = []
   with path.open(encoding="utf-8") as f:
     for lineno, line in enumerate(f, start=1):
@@ -90,10 +98,15 @@ def load_prompts(path, *, prompt_key: str = "prompt", reference_key: str = "refe
       except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
       if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object with {prompt_key!r} and {reference_key!r}")
+        raise ValueError(
+          f"{where}: expected a JSON object with {prompt_key!r} and {reference_key!r}; got {type(row).__name__}"
+        )
       for key in (prompt_key, reference_key):
         if not isinstance(row.get(key), str):
           raise ValueError(f"{where}: field {key!r} must be a string; got {row.get(key)!r:.80}")
+      bad = None if check is None else check(row[prompt_key], row[reference_key])
+      if bad is not None:
+        raise ValueError(f"{where}: {bad}")
       rows.append((row[prompt_key], row[reference_key]))
   if not rows:
     raise ValueError(f"{path}: no rows")
