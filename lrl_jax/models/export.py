@@ -45,6 +45,8 @@ import numpy as np
 
 from lrl_jax import quant
 from lrl_jax.models import _checkpoint as ckpt
+from lrl_jax.models._tokenizer import load_tokenizer
+from lrl_jax.models.bundle import LoadedModel, resolve_dtypes
 from lrl_jax.models.config import ModelConfig
 from lrl_jax.quant import NVFP4, Int4, QArray, QuantRules
 
@@ -312,16 +314,21 @@ def _spec_from_config(qc: dict, where: Path):
   raise ValueError(f"{where}: unsupported compressed-tensors scheme: format {fmt!r}, weights {w}")
 
 
-def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[ModelConfig, dict]:
+def load_compressed_tensors(
+  path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None, tokenizer: bool = True
+) -> LoadedModel:
   """Reads a checkpoint written by `export_compressed_tensors` (or llm-compressor, same scheme).
 
   Args:
     path: the checkpoint directory.
-    dtype: cast the dense parameters to this dtype; None keeps the stored one.
+    dtype: the dtype of the dense (not quantized) parameters: embeddings, norms, biases, head.
+    compute_dtype: `cfg.dtype`, the dtype the served model computes in (the quantized kernels decode to it);
+      None: `dtype`. Serve as the learner's sampler did: both the sampler's compute dtype (e.g. bfloat16).
+    tokenizer: also read tokenizer.json when the directory has one.
 
   Returns:
-    (cfg, served params): quantized kernels as stacked QArrays (axis -2, groups along K), the
-    rest as arrays.
+    `LoadedModel(cfg, served params, tokenizer or None)`: quantized kernels as stacked QArrays (axis -2, groups
+    along K), the rest as arrays.
 
   Raises:
     FileNotFoundError / ValueError naming the file and tensor (missing, unexpected, wrong shape
@@ -332,8 +339,11 @@ def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[Mod
     raise FileNotFoundError(f"checkpoint directory not found: {d}")
   raw = ckpt.read_json(d / "config.json", "config.json")
   spec = _spec_from_config(raw.get("quantization_config"), d / "config.json")
+  param_dtype, compute = resolve_dtypes(dtype, compute_dtype)
   try:
-    cfg = ModelConfig.from_hf({k: v for k, v in raw.items() if k != "quantization_config"})
+    cfg = ModelConfig.from_hf(
+      {k: v for k, v in raw.items() if k != "quantization_config"}, param_dtype=param_dtype, dtype=compute
+    )
   except ValueError as err:
     raise ValueError(f"{d / 'config.json'}: {err}") from None
   sources = ckpt.open_checkpoint(d)
@@ -399,8 +409,9 @@ def load_compressed_tensors(path: str | os.PathLike, *, dtype=None) -> tuple[Mod
       a = get(ent.hf_name(i), ent.hf_shape)
       parts.append(a.T if ent.transpose else a)
     arr = np.stack(parts) if ent.per_layer else parts[0]
-    ckpt._set(params, ent.path, jnp.asarray(arr if dtype is None else arr.astype(jnp.dtype(dtype))))
+    ckpt._set(params, ent.path, jnp.asarray(arr.astype(jnp.dtype(param_dtype))))
   extra = set(sources) - used
   if extra:
     raise ValueError(f"{d}: unexpected tensors: " + ckpt._fmt(f"{n} ({sources[n].where})" for n in extra))
-  return cfg, params
+  tok = load_tokenizer(d) if tokenizer and (d / "tokenizer.json").is_file() else None
+  return LoadedModel(cfg, params, tok)

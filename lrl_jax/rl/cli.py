@@ -189,7 +189,8 @@ def eval_main(argv: list[str] | None = None) -> int:
       print(f"lrl-jax eval: no such directory: {args.compressed}", file=sys.stderr)
       return EXIT_CONFIG
     setup = build_model(cfg, init=False)
-    mcfg, served = models.load_compressed_tensors(args.compressed)
+    dt = setup.sampler_cfg.dtype  # served as the run's sampler serves: its compute dtype
+    mcfg, served, _ = models.load_compressed_tensors(args.compressed, dtype=dt, compute_dtype=dt)
     setup = dataclasses.replace(setup, sampler_cfg=mcfg)
     what = args.compressed
   else:

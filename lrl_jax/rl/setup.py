@@ -70,17 +70,18 @@ def build_model(cfg, *, init: bool = True, task=None) -> Setup:
   else:
     if src.startswith("hf:"):
       path = src.split(":", 1)[1]
-      model_cfg, params = models.load_hf(path, dtype=jnp.float32, compute_dtype=compute)
-      tokenizer = models.load_tokenizer(path)
+      model = models.load_hf(path, dtype=jnp.float32, compute_dtype=compute)
+      if model.tokenizer is None:
+        model = model.replace(tokenizer=models.load_tokenizer(path))  # names the missing tokenizer.json
     else:
-      path = models.smollm2() if src == "smollm2" else src.split(":", 1)[1]
-      model_cfg, params, tokenizer = models.load_gguf(path, dtype=jnp.float32, compute_dtype=compute)
+      path = models.smollm2_path() if src == "smollm2" else src.split(":", 1)[1]
+      model = models.load_gguf(path, dtype=jnp.float32, compute_dtype=compute)
     k = cfg.model.layers
     if k is not None:
-      if k > model_cfg.num_layers:
-        raise ConfigError(f"model.layers={k}: {src} has only {model_cfg.num_layers} decoder blocks")
-      model_cfg = model_cfg.replace(num_layers=k)
-      params = {**params, "layers": jax.tree_util.tree_map(lambda x: x[:k], params["layers"])}
+      if k > model.cfg.num_layers:
+        raise ConfigError(f"model.layers={k}: {src} has only {model.cfg.num_layers} decoder blocks")
+      model = model.first_layers(k)
+    model_cfg, params, tokenizer = model
     eos = tokenizer.backend.id_to_token(tokenizer.eos_id) if tokenizer.eos_id is not None else "<|im_end|>"
     task = task_from_config(cfg.task, seed=cfg.run.seed, tokenizer=tokenizer.backend, eos_token=eos, task=task)
     if not init:

@@ -100,7 +100,7 @@ def _learner_logprobs(params, r, cfg, rules):
 
 def mismatch(new_tokens: int, spec=quant.Int4(group_size=64)):
   """|pi - mu| per generated token on SmolLM2-135M-Instruct, sampled at temperature 1."""
-  cfg0, params, tok = models.load_gguf(models.smollm2())
+  cfg0, params, tok = models.smollm2()
   ids = tok.encode_batch(PROMPTS)
   P = max(map(len, ids))
   prompts = jnp.asarray([[0] * (P - len(i)) + i for i in ids], jnp.int32)  # left-padded
@@ -285,7 +285,7 @@ def engine_bench(argv=None) -> int:
   ap.add_argument("--no-torch", action="store_true", help="skip the transformers rows")
   ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="this sampler's compute dtype")
   args = ap.parse_args(argv)
-  path = models.smollm2()
+  path = models.smollm2_path()
   cfg0, params, tok = models.load_gguf(path)
   cfg = cfg0.replace(dtype=args.dtype)
   enc = ChatPromptFormatter(tok.backend)

