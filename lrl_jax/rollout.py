@@ -14,9 +14,10 @@ from __future__ import annotations
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
-__all__ = ["Rollout", "predictor_index"]
+__all__ = ["Rollout", "predictor_index", "pad_prompts"]
 
 _PER_TOKEN = ("valid", "loss_mask", "sampler_logp", "positions", "values", "returns", "old_logp", "ref_logp")
 
@@ -70,6 +71,12 @@ class Rollout:
     """int32 [B], generated tokens per row (EOS included)."""
     return jnp.sum(self.loss_mask, axis=1, dtype=jnp.int32)
 
+  def completion_ids(self) -> list[list[int]]:
+    """Each row's generated token ids (through its EOS, without padding), on the host: `Tokenizer.decode_batch`
+    turns them into text."""
+    toks, mask = np.asarray(self.tokens), np.asarray(self.loss_mask).astype(bool)
+    return [t[m].tolist() for t, m in zip(toks, mask)]
+
   def check(self) -> None:
     """Raises ValueError naming a field whose shape does not fit tokens [B, T] (or the group size B)."""
     if jnp.ndim(self.tokens) != 2:
@@ -103,3 +110,47 @@ def predictor_index(valid_BT) -> jax.Array:
   idx = jnp.where(valid_BT, jnp.arange(T, dtype=jnp.int32)[None, :], -1)
   last_upto = lax.cummax(idx, axis=1)  # last valid slot <= s
   return jnp.concatenate([jnp.full_like(last_upto[:, :1], -1), last_upto[:, :-1]], axis=1)
+
+
+def pad_prompts(
+  seqs, *, pad_id: int = 0, side: str = "left", length: int | None = None, multiple_of: int = 1
+) -> tuple[jax.Array, jax.Array]:
+  """Token-id lists of different lengths -> (prompts int32 [B, P], valid bool [B, P]), as `sampler.generate` takes
+  them.
+
+  Args:
+    seqs: B sequences of token ids (lists, tuples or 1-D arrays), each non-empty.
+    pad_id: the id written in the padding slots (masked out by `valid`; any id works).
+    side: "left" (the prompts end together at slot P − 1: what a sampler wants) or "right".
+    length: P; None: the longest sequence, rounded up to `multiple_of` (bucketing P keeps the number of
+      compiled shapes small).
+    multiple_of: round P up to a multiple of this.
+
+  Raises:
+    ValueError: no sequences, an empty or non-1-D sequence, a `length` shorter than a sequence (naming the row and
+      its length), or an unknown `side`.
+  """
+  if side not in ("left", "right"):
+    raise ValueError(f"pad_prompts: side must be 'left' or 'right'; got {side!r}")
+  rows = [np.asarray(s) for s in seqs]
+  if not rows:
+    raise ValueError("pad_prompts: no sequences")
+  for b, r in enumerate(rows):
+    if r.ndim != 1 or r.size == 0:
+      raise ValueError(f"pad_prompts: sequence {b} must be a non-empty 1-D list of token ids; got shape {r.shape}")
+    if not np.issubdtype(r.dtype, np.integer):
+      raise ValueError(f"pad_prompts: sequence {b} holds {r.dtype} values, not token ids")
+  if not isinstance(multiple_of, int) or multiple_of < 1:
+    raise ValueError(f"pad_prompts: multiple_of must be a positive int; got {multiple_of!r}")
+  longest = max(len(r) for r in rows)
+  if length is None:
+    length = -(-longest // multiple_of) * multiple_of
+  elif longest > length:
+    b = next(i for i, r in enumerate(rows) if len(r) > length)
+    raise ValueError(f"pad_prompts: sequence {b} has {len(rows[b])} tokens, more than length={length}")
+  tokens = np.full((len(rows), length), pad_id, np.int32)
+  valid = np.zeros((len(rows), length), bool)
+  for b, r in enumerate(rows):
+    sl = slice(length - len(r), length) if side == "left" else slice(0, len(r))
+    tokens[b, sl], valid[b, sl] = r, True
+  return jnp.asarray(tokens), jnp.asarray(valid)

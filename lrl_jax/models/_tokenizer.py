@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from lrl_jax.rollout import pad_prompts
+
 if TYPE_CHECKING:  # `tokenizers` is an optional dependency (the `hf` extra): imported when used
   import tokenizers
 
@@ -47,8 +49,61 @@ class Tokenizer:
   def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
     return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+  def decode_batch(self, seqs: Sequence[Sequence[int]], *, skip_special_tokens: bool = True) -> list[str]:
+    return [self.decode(s, skip_special_tokens=skip_special_tokens) for s in seqs]
+
   def token_to_id(self, token: str) -> int | None:
     return self.backend.token_to_id(token)
+
+  @property
+  def pad_or_eos_id(self) -> int:
+    """The id a padded slot holds: the pad id, else the EOS id, else 0 (masked out wherever it is used)."""
+    return next(i for i in (self.pad_id, self.eos_id, 0) if i is not None)
+
+  def pad(self, seqs, *, side: str = "left", length: int | None = None, multiple_of: int = 1):
+    """`rollout.pad_prompts` with this tokenizer's pad id (`pad_or_eos_id`): (prompts int32 [B, P], valid
+    bool [B, P]) for `sampler.generate`."""
+    return pad_prompts(seqs, pad_id=self.pad_or_eos_id, side=side, length=length, multiple_of=multiple_of)
+
+  def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True, **kwargs) -> str:
+    """Renders a conversation with the model's own chat template (Jinja, as transformers renders it: trimmed
+    blocks, `bos_token` / `eos_token` and `raise_exception` defined).
+
+    Args:
+      messages: [{"role": "system" | "user" | "assistant", "content": str}, ...].
+      add_generation_prompt: end with the assistant turn's header, so that generation writes the reply.
+      **kwargs: further template variables.
+
+    Raises:
+      ValueError: the tokenizer has no chat template, or the template raises.
+    """
+    if not self.chat_template:
+      raise ValueError("apply_chat_template: this tokenizer has no chat template")
+    import jinja2.sandbox  # lazy: jinja2 comes with the `hf` extra  # noqa: PLC0415
+
+    def raise_exception(msg):
+      raise jinja2.exceptions.TemplateError(msg)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    tok = lambda i: None if i is None else self.backend.id_to_token(i)  # noqa: E731
+    try:
+      return env.from_string(self.chat_template).render(
+        messages=list(messages),
+        add_generation_prompt=add_generation_prompt,
+        bos_token=tok(self.bos_id) or "",
+        eos_token=tok(self.eos_id) or "",
+        **kwargs,
+      )
+    except jinja2.exceptions.TemplateError as err:
+      raise ValueError(f"apply_chat_template: {err}") from None
+
+  def encode_chat(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of `apply_chat_template(messages)` (the template writes its own special tokens: none are
+    added)."""
+    return self.encode(
+      self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt), add_special_tokens=False
+    )
 
 
 def _token_id(backend: "tokenizers.Tokenizer", tok) -> int | None:

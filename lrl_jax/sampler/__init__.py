@@ -4,9 +4,13 @@
 `generate(served, prompts_BP, prompt_valid_BP, cfg, sampling, key, group_size=G)` returns a `Rollout`
 (`lrl_jax.rollout`: the one pytree of a batch of completions from the sampler to the learner);
 `shard_params(served, mesh)` places it on the sampler's own mesh.
+
+From a loaded model the defaults follow from it: `served = serve_params(model, quant.Int4())` (a `LoadedModel`
+computing in the loader's compute_dtype), `generate(served, [ids, ...])` (padded on the left, greedy, stops at the
+tokenizer's EOS, KV cache in the compute dtype). `pad_prompts` pads token lists into (prompts, valid).
 """
 
-from lrl_jax.rollout import Rollout, predictor_index
+from lrl_jax.rollout import Rollout, pad_prompts, predictor_index
 from lrl_jax.sampler.generate import generate, row_keys
 from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens, sampling_logprobs
 from lrl_jax.sampler.serve import as_rules, serve_params
@@ -15,6 +19,7 @@ from lrl_jax.sampler.sharding import SAMPLER_RULES, param_shardings, partition_s
 __all__ = [
   "Rollout",
   "generate",
+  "pad_prompts",
   "predictor_index",
   "row_keys",
   "SamplingConfig",

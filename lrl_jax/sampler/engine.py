@@ -41,7 +41,7 @@ from lrl_jax import kernels
 from lrl_jax.models.config import ModelConfig
 from lrl_jax.models.decoder import KVCache, Numerics, forward_hidden, init_cache, logits_from_hidden
 from lrl_jax.rollout import Rollout
-from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens
+from lrl_jax.sampler.sampling import SamplingConfig, is_eos, sample_tokens
 
 __all__ = ["windows", "run_engine"]
 
@@ -57,12 +57,6 @@ def windows(prompt_len: int, max_new_tokens: int) -> tuple[int, ...]:
     n *= 2
   out.append(prompt_len + max_new_tokens)
   return tuple(out)
-
-
-def _is_eos(tok, sampling: SamplingConfig):
-  if sampling.eos_id is None:
-    return jnp.zeros(tok.shape, bool)
-  return jnp.isin(tok, jnp.asarray(sampling.eos_id, jnp.int32))
 
 
 def _step_keys(keys_R, t_R):
@@ -184,7 +178,7 @@ def _admit(state, bank: KVCache, first, *, G: int, P: int, N: int, sampling: Sam
   r_safe = jnp.maximum(r, 0)
   tok0 = first["tok0"][r_safe]
   out_r = jnp.where(admit, cand, R)  # R: out of bounds, dropped
-  done0 = _is_eos(tok0, sampling) | (first["limit"][r_safe] <= 1)
+  done0 = is_eos(tok0, sampling) | (first["limit"][r_safe] <= 1)
   return dict(
     state,
     cache=cache,
@@ -238,7 +232,7 @@ def _phase(params, state, bank, first, keys_R, *, cfg: ModelConfig, sampling, ac
       j=s["j"] + 1,
       t=t + live,
       last=jnp.where(live, tok, s["last"]),
-      live=live & ~_is_eos(tok, sampling) & (t + 1 < first["limit"][r]),
+      live=live & ~is_eos(tok, sampling) & (t + 1 < first["limit"][r]),
       tok=s["tok"].at[out_r, t].set(tok, mode="drop"),
       lp=s["lp"].at[out_r, t].set(lp, mode="drop"),
       mask=s["mask"].at[out_r, t].set(True, mode="drop"),

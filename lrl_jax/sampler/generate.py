@@ -16,14 +16,16 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from lrl_jax import kernels
+from lrl_jax.models.bundle import LoadedModel
 from lrl_jax.models.config import ModelConfig
 from lrl_jax.models.decoder import Numerics, forward_hidden, init_cache, logits_from_hidden
-from lrl_jax.rollout import Rollout
+from lrl_jax.rollout import Rollout, pad_prompts
 from lrl_jax.sampler.engine import run_engine
-from lrl_jax.sampler.sampling import SamplingConfig, sample_tokens
+from lrl_jax.sampler.sampling import SamplingConfig, is_eos, sample_tokens, with_special_ids
 from lrl_jax.sampler.sharding import SAMPLER_RULES, batch_axis_size
 
 __all__ = ["generate", "row_keys"]
@@ -38,12 +40,6 @@ def row_keys(key: jax.Array, batch: int) -> jax.Array:
   if key.shape != (batch,):
     raise ValueError(f"key must be a single PRNG key or one per row [{batch}]; got shape {key.shape}")
   return key
-
-
-def _is_eos(tok, sampling: SamplingConfig):
-  if sampling.eos_id is None:
-    return jnp.zeros(tok.shape, bool)
-  return jnp.isin(tok, jnp.asarray(sampling.eos_id, jnp.int32))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "sampling", "cache_dtype", "act_spec", "predecode"))
@@ -82,7 +78,7 @@ def _generate(
   lps_BN = jnp.zeros((B, N), jnp.float32).at[:, 0].set(lp_B)
   mask_BN = jnp.zeros((B, N), bool).at[:, 0].set(True)
   limits_B = jnp.full((B,), N, jnp.int32) if limits_B is None else limits_B
-  done_B = _is_eos(tok_B, sampling) | (limits_B <= 1)
+  done_B = is_eos(tok_B, sampling) | (limits_B <= 1)
 
   def cond(c):
     t, _, _, _, _, _, done_B = c
@@ -107,7 +103,7 @@ def _generate(
     toks_BN = lax.dynamic_update_slice(toks_BN, tok_B[:, None], (0, t))
     lps_BN = lax.dynamic_update_slice(lps_BN, jnp.where(active_B, lp_B, 0.0)[:, None], (0, t))
     mask_BN = lax.dynamic_update_slice(mask_BN, active_B[:, None], (0, t))
-    done_B = done_B | (active_B & (_is_eos(tok_B, sampling) | (t + 1 >= limits_B)))
+    done_B = done_B | (active_B & (is_eos(tok_B, sampling) | (t + 1 >= limits_B)))
     return t + 1, cache, tok_B, toks_BN, lps_BN, mask_BN, done_B
 
   c = (jnp.int32(1), cache, tok_B, toks_BN, lps_BN, mask_BN, done_B)
@@ -125,14 +121,14 @@ def _generate(
 def generate(
   params,
   prompts_BP,
-  prompt_valid_BP,
-  cfg: ModelConfig,
-  sampling: SamplingConfig,
-  key,
+  prompt_valid_BP=None,
+  cfg: ModelConfig | None = None,
+  sampling: SamplingConfig | None = None,
+  key=None,
   *,
   group_size: int = 1,
   slots: int | None = None,
-  cache_dtype=jnp.bfloat16,
+  cache_dtype=None,
   act_spec=None,
   lora=None,
   predecode: bool | None = None,
@@ -140,10 +136,16 @@ def generate(
 ) -> Rollout:
   """Samples up to `sampling.max_new_tokens` tokens after each prompt, `group_size` times.
 
+  Defaults follow from the model: `generate(model, [ids, ...])` with a `models.LoadedModel` pads the prompts on the
+  left, decodes greedily until the tokenizer's EOS, with a KV cache in the model's compute dtype.
+
   Args:
-    params: a served tree (`serve_params`: QArray kernels) or a float parameter tree.
-    prompts_BP: int [B, P] prompt tokens, left- or right-padded (or both).
-    prompt_valid_BP: bool [B, P], True on real prompt tokens; every row needs at least one.
+    params: a served tree (`serve_params`: QArray kernels) or a float parameter tree; or a `models.LoadedModel`
+      (cfg from it, and EOS / pad ids from its tokenizer where `sampling` leaves them None).
+    prompts_BP: int [B, P] prompt tokens, left- or right-padded (or both); or B lists of token ids of any lengths,
+      left-padded here (`pad_prompts`).
+    prompt_valid_BP: bool [B, P], True on real prompt tokens; every row needs at least one. None: every token of
+      an array is valid (an unpadded batch), or the mask of the padding done here.
     group_size: G completions per prompt: the rollout has B·G rows, prompt b's group in rows bG … bG + G − 1
       (`Rollout.group_size` = G).
     slots: None: the static batch (every row decodes until the longest one ends; each row prefills its prompt).
@@ -151,12 +153,12 @@ def generate(
       rows, and S decode slots take the B·G requests in order, a finished row's slot taking the next request
       (continuous batching; attention over the filled part of the cache). Same keys, same tokens; μ equal up to
       the order of float sums.
-    cfg: model config; `cfg.dtype` is the compute dtype of the served model.
-    sampling: temperature / top-k / top-p / EOS / pad.
+    cfg: model config; `cfg.dtype` is the compute dtype of the served model. None: the `LoadedModel`'s.
+    sampling: temperature / top-k / top-p / EOS / pad. None: greedy, `SamplingConfig.max_new_tokens` tokens.
     key: one PRNG key (row b draws with `fold_in(key, b)`) or [B] keys, one seed per request;
       step t of a row draws with `fold_in(row_key, t)`, so a row's tokens do not depend on the batch.
-    cache_dtype: KV-cache dtype: bfloat16 (default), float32, or float8_e4m3fn
-      (per-(token, head) scales).
+      None: allowed for greedy decoding only.
+    cache_dtype: KV-cache dtype: float32, bfloat16 or float8_e4m3fn (per-(token, head) scales). None: `cfg.dtype`.
     act_spec: `quant.FP8(granularity="token")` serves W8A8 (FP8 weights from `serve_params` plus
       per-token FP8 activations, dynamic scales), or None (weight-only).
     lora: `models.Lora` adapters applied over the (possibly low-bit) served base, as the learner
@@ -177,7 +179,26 @@ def generate(
       int, or a slot count the batch axis of the served tree's mesh does not divide. Checked before anything is
       generated (the prompt checks when the mask is concrete).
   """
+  tokenizer = None
+  if isinstance(params, LoadedModel):
+    cfg = params.cfg if cfg is None else cfg
+    params, tokenizer = params.params, params.tokenizer
+  if cfg is None:
+    raise ValueError("generate: cfg is required (the model's ModelConfig), or pass a models.LoadedModel as params")
+  sampling = SamplingConfig(temperature=0.0) if sampling is None else sampling
+  sampling = with_special_ids(sampling, tokenizer)
+  if key is None:
+    if not sampling.greedy:
+      raise ValueError(f"generate: sampling at temperature {sampling.temperature} needs a PRNG key (key=...)")
+    key = jax.random.PRNGKey(0)  # greedy draws nothing
+  cache_dtype = cfg.dtype if cache_dtype is None else cache_dtype
+  if isinstance(prompts_BP, (list, tuple)) and not isinstance(prompts_BP[0] if prompts_BP else 0, (int, np.integer)):
+    if prompt_valid_BP is not None:
+      raise ValueError("generate: prompt_valid_BP goes with a padded [B, P] array; lists of ids are padded here")
+    prompts_BP, prompt_valid_BP = pad_prompts(prompts_BP, pad_id=sampling.pad_id, side="left")
   prompts_BP = jnp.asarray(prompts_BP)
+  if prompt_valid_BP is None:
+    prompt_valid_BP = jnp.ones(prompts_BP.shape, bool)
   prompt_valid_BP = jnp.asarray(prompt_valid_BP).astype(bool)
   if prompts_BP.ndim != 2 or prompt_valid_BP.shape != prompts_BP.shape:
     raise ValueError(

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-__all__ = ["SamplingConfig", "sampling_logprobs", "sample_tokens"]
+__all__ = ["SamplingConfig", "sampling_logprobs", "sample_tokens", "is_eos"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,8 +33,10 @@ class SamplingConfig:
     top_k: keep the k most likely tokens (0: no top-k).
     top_p: nucleus mass in (0, 1] (1: no top-p).
     eos_id: id (or ids) that end a sequence; the EOS token itself is part of the completion
-      (mask 1). None: never stop early.
-    pad_id: id written after a sequence ends.
+      (mask 1). None: the model's EOS ids when `generate` is given a `LoadedModel` with a tokenizer, else never
+      stop early; () never stops early.
+    pad_id: id written after a sequence ends. None: the tokenizer's pad id (else its EOS) when `generate` is given
+      a `LoadedModel` with a tokenizer, else 0.
   """
 
   max_new_tokens: int = 64
@@ -42,7 +44,7 @@ class SamplingConfig:
   top_k: int = 0
   top_p: float = 1.0
   eos_id: int | tuple[int, ...] | None = None
-  pad_id: int = 0
+  pad_id: int | None = None
 
   def __post_init__(self):
     if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
@@ -58,17 +60,36 @@ class SamplingConfig:
       eos = (eos,)
     if eos is not None:
       eos = tuple(eos)
-      if not eos or not all(isinstance(e, int) and e >= 0 for e in eos):
+      if not all(isinstance(e, int) and e >= 0 for e in eos):
         raise ValueError(
-          f"SamplingConfig.eos_id must be a non-negative int, a tuple of them, or None; got {self.eos_id!r}"
+          f"SamplingConfig.eos_id must be a non-negative int, a tuple of them (() never stops), or None; "
+          f"got {self.eos_id!r}"
         )
     object.__setattr__(self, "eos_id", eos)  # normalised to a tuple (hashable, static under jit)
-    if not isinstance(self.pad_id, int) or self.pad_id < 0:
-      raise ValueError(f"SamplingConfig.pad_id must be a non-negative int; got {self.pad_id!r}")
+    if self.pad_id is not None and (not isinstance(self.pad_id, int) or self.pad_id < 0):
+      raise ValueError(f"SamplingConfig.pad_id must be a non-negative int or None; got {self.pad_id!r}")
 
   @property
   def greedy(self) -> bool:
     return self.temperature == 0
+
+
+def is_eos(tok, sampling: SamplingConfig) -> jax.Array:
+  """bool, tok's shape: where a drawn token ends its sequence (`sampling.eos_id`; None or () never)."""
+  if not sampling.eos_id:
+    return jnp.zeros(tok.shape, bool)
+  return jnp.isin(tok, jnp.asarray(sampling.eos_id, jnp.int32))
+
+
+def with_special_ids(sampling: SamplingConfig, tokenizer) -> SamplingConfig:
+  """`sampling` with eos_id / pad_id None filled in from `tokenizer` (a `models.Tokenizer`, or None: never stop,
+  pad with 0)."""
+  eos, pad = sampling.eos_id, sampling.pad_id
+  if eos is None:
+    eos = tuple(tokenizer.eos_ids) if tokenizer is not None else ()
+  if pad is None:
+    pad = tokenizer.pad_or_eos_id if tokenizer is not None else 0
+  return dataclasses.replace(sampling, eos_id=eos, pad_id=pad)
 
 
 def sampling_logprobs(logits_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:

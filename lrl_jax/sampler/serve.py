@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from lrl_jax import kernels, quant
+from lrl_jax.models.bundle import LoadedModel
 
 __all__ = ["serve_params", "as_rules"]
 
@@ -48,20 +49,29 @@ def _serve(params, rules, dtype, layout):
   return served
 
 
-def serve_params(params, rules_or_spec=None, *, dtype=jnp.bfloat16, layout: str = "kn"):
+def serve_params(params, rules_or_spec=None, *, dtype=None, layout: str = "kn"):
   """Learner params -> served tree (jit'd): float leaves cast to `dtype`, selected kernels -> QArrays.
 
   Args:
-    params: float parameter tree (`models.init_params` layout).
+    params: float parameter tree (`models.init_params` layout), or a `models.LoadedModel`: then the result is
+      a `LoadedModel` too (the served tree, the same tokenizer, `cfg.dtype` = `dtype`), so the compute dtype is
+      set in one place (the loader's `compute_dtype`).
     rules_or_spec: `quant.QuantRules`, a spec (default rules: every attention / MLP projection
       kernel), or None for a plain `dtype` model (the bf16 served format).
     dtype: the sampler's compute dtype (`cfg.dtype`); kernels are quantized from this cast, as the
-      learner's QAT forward with the same `cfg.dtype` fake-quantizes them.
+      learner's QAT forward with the same `cfg.dtype` fake-quantizes them. None: the `LoadedModel`'s
+      `cfg.dtype`; bfloat16 for a bare tree.
     layout: "kn" (QArrays [.., K, N] as quantized) or "linear" ([.., N, K], see the module docstring).
 
   Returns:
-    The served tree; pass it to `generate` / `models.forward` with `cfg.dtype == dtype`.
+    The served tree; pass it to `generate` / `models.forward` with `cfg.dtype == dtype`. A `LoadedModel` for a
+    `LoadedModel`.
   """
+  if isinstance(params, LoadedModel):
+    dtype = params.cfg.dtype if dtype is None else jnp.dtype(dtype).name
+    served = serve_params(params.params, rules_or_spec, dtype=dtype, layout=layout)
+    return params.replace(cfg=params.cfg.replace(dtype=jnp.dtype(dtype).name), params=served)
+  dtype = jnp.bfloat16 if dtype is None else dtype
   if any(
     isinstance(x, quant.QArray)
     for x in jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, quant.QArray))
