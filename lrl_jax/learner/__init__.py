@@ -1,5 +1,6 @@
 """lrl_jax.learner — the sharded QAT learner: its config, mesh and logical-axis rules, train state, the two jit'd
-functions on a `Rollout` (`prepare_rollout`, `train_step`), checkpoints.
+functions on a `Rollout` (`prepare_rollout`, `train_step`), checkpoints; `logprobs(params, rollout, numerics=...)`
+is the learner's π of a rollout in one call (bf16, QAT or served numerics), for research code outside the loop.
 
 See lrl_jax/learner/README.md.
 """
@@ -37,6 +38,7 @@ from lrl_jax.learner.step import (
   gae_targets,
   group_advantages,
   learned_qat_start,
+  logprobs,
   logprobs_from_hidden,
   logprobs_from_logits,
   needs_old_logp,
@@ -78,6 +80,7 @@ __all__ = [
   "group_advantages",
   "gae_targets",
   "needs_old_logp",
+  "logprobs",
   "logprobs_from_logits",
   "logprobs_from_hidden",
   "completion_logits",

@@ -24,6 +24,7 @@ are computed on the full batch (they need batch statistics), so they are exact t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from typing import Any
 
@@ -48,6 +49,7 @@ from lrl_jax.learner.state import (
 from lrl_jax.losses import Max, Mean
 from lrl_jax.models import (
   ACTIVATION_AXES,
+  LoadedModel,
   Lora,
   ModelConfig,
   Numerics,
@@ -318,6 +320,57 @@ def token_logprobs(
     temperature=cfg.temperature,
     chunk=cfg.logit_chunk,
   )
+
+
+def logprobs(
+  params,
+  rollout: Rollout,
+  model_cfg: ModelConfig | None = None,
+  *,
+  numerics=None,
+  temperature: float | None = None,
+  lora: Lora | None = None,
+  step=None,
+) -> jax.Array:
+  """The learner's log π of a rollout's completion tokens, in one call: f32 [B, T], 0 off the completions.
+
+  Compare it with the rollout's μ (`rollout.sampler_logp`: `losses.mismatch_metrics`) or feed it to the losses
+  (`losses.ppo_loss`, `losses.tis_weights`, `losses.acrl_weights`); it is differentiable in `params`. The number
+  `prepare_rollout` / `train_step` compute for π, bit for bit, when given the same `LearnerConfig`.
+
+  Args:
+    params: the learner's float parameters, a served tree (QArray kernels: π of exactly what was served), or a
+      `models.LoadedModel`.
+    rollout: from `sampler.generate` (its tokens, valid, positions, group_size and prompt_len are read).
+    model_cfg: the model; None: the `LoadedModel`'s. `model_cfg.dtype` is the compute dtype unless `numerics`
+      is a `LearnerConfig`.
+    numerics: None: `model_cfg.dtype`, no fake quantization (the bf16 / f32 learner). A quantization spec
+      (`quant.Int4(group_size=64)`, `quant.FP8()`, `quant.NVFP4()`, ...): the QAT learner of that format (its default
+      targets: what `sampler.serve_params(params, spec)` serves, fake-quantized from the same compute-dtype cast).
+      A `learner.LearnerConfig`: exactly that learner (its compute dtype, QAT format, targets and schedule at `step`,
+      temperature, logit chunking).
+    temperature: π = softmax(logits / temperature): pass the sampler's temperature to compare with its μ. None:
+      the `LearnerConfig`'s, else 1.
+    lora: adapters over `params`, or None.
+    step: the learner step of a scheduled QAT (`LearnerConfig.qat_start_step` / `qat_warmup_steps`); None: QAT on.
+
+  Raises:
+    ValueError: no model config, or `numerics` of another kind.
+  """
+  if isinstance(params, LoadedModel):
+    model_cfg = params.cfg if model_cfg is None else model_cfg
+    params = params.params
+  if model_cfg is None:
+    raise ValueError("logprobs: model_cfg is required (or pass a models.LoadedModel as params)")
+  if isinstance(numerics, LearnerConfig):
+    cfg = numerics
+  elif numerics is None or isinstance(numerics, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
+    cfg = LearnerConfig(compute_dtype=model_cfg.dtype, qat=numerics)
+  else:
+    raise ValueError(f"logprobs: numerics must be None, a quantization spec or a LearnerConfig; got {numerics!r}")
+  if temperature is not None:
+    cfg = dataclasses.replace(cfg, temperature=float(temperature))
+  return token_logprobs(params, rollout, model_cfg, cfg=cfg, lora=lora, step=step)
 
 
 # --------------------------------------------------------------------------- micro-batches

@@ -837,3 +837,14 @@ def forward(
     remat=remat,
   )
   return _constrain(logits_from_hidden(params, h, cfg), "logits_BTV"), cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def logits(params, tokens_BT, cfg: ModelConfig, *, valid_BT=None, positions_BT=None, numerics=None, lora=None):
+  """The forward pass as most research code wants it: jitted (`cfg` static), no cache, the logits only.
+
+  `forward(params, tokens_BT, cfg, ...)[0]` compiled once per (cfg, shapes): f32 [B, T, V], position t the
+  distribution of token t + 1. Padding (`valid_BT` False) is attended by no token; positions count valid tokens
+  (`forward`). For the learner's log π of a rollout's tokens use `learner.logprobs`.
+  """
+  return forward(params, tokens_BT, cfg, valid_BT=valid_BT, positions_BT=positions_BT, numerics=numerics, lora=lora)[0]
