@@ -46,7 +46,7 @@ NUMERICS = [
 Quantize one weight matrix per layer in every format `lrl_jax.quant` supports (INT4 g32 / g128, FP8
 per-channel / 128-blocks, MXFP8, NVFP4), along the contraction axis (`axis=-2`) as the model does, and
 look at the error: its histogram, the per-layer relative error, and the storage cost in bits per weight
-(codes + scales). Full mode loads SmolLM2-135M-Instruct (`models.smollm2()` + `models.load_gguf`, its
+(codes + scales). Full mode loads SmolLM2-135M-Instruct (`models.smollm2()`, its
 MLP `down_proj` [30, 1536, 576]); `LRL_NB_SMALL=1` uses a few random heavy-tailed (Student-t, ν=4)
 matrices instead."""),
   code(SETUP),
@@ -58,7 +58,7 @@ if SMALL:
   W = (0.02 * rng.standard_t(df=4, size=(4, 256, 512))).astype(np.float32)  # 4 random "layers" [L, K, N]
   source = "random Student-t (ν=4) matrices"
 else:
-  cfg, params, _ = models.load_gguf(models.smollm2(), tokenizer=False)
+  cfg, params, _ = models.smollm2(tokenizer=False)
   W = np.asarray(params["layers"]["mlp"]["down_proj"]["kernel"], np.float32)  # [30, 1536, 576]
   source = "SmolLM2-135M-Instruct mlp/down_proj"
 L, K, N = W.shape
@@ -302,62 +302,46 @@ MISMATCH = [
 
 Generate with the same weights served four ways (bf16, INT4, FP8 per-channel, NVFP4 —
 `sampler.serve_params` + `sampler.generate`, sampled at temperature 1, μ = the sampler's own token
-probabilities), then recompute π for the same tokens with a learner forward (`models.forward`, no KV
+probabilities), then recompute π for the same tokens with the learner's forward (`learner.logprobs`, no KV
 cache): once with the plain bf16 learner, once with a QAT learner that fake-quantizes its weights to
-the served format (`numerics=Numerics(qat_rules=QuantRules.default(spec))`). The per-token |π − μ|
+the served format (`learner.logprobs(model, rollout, numerics=spec)`). The per-token |π − μ|
 distributions show how
 much of the mismatch QAT removes. Then the importance weights that correct for it (TIS, MIS, ACRL) on the
 same rollouts. Full mode: SmolLM2-135M-Instruct; `LRL_NB_SMALL=1`: the tiny quickstart-shaped model
 (random init, random prompts)."""),
   code(SETUP),
-  code('''\
-from lrl_jax import losses, models, quant, sampler
+  code("""\
+from lrl_jax import learner, losses, models, quant, sampler
 
 if SMALL:
   cfg = models.ModelConfig(arch="qwen2", vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
                            num_heads=4, num_kv_heads=2, dtype="bfloat16")
   params = models.init_params(cfg, jax.random.key(0), std=0.1)  # a larger std: peaked, LLM-like distributions
+  model = models.LoadedModel(cfg, params)  # no tokenizer: generation never stops early
   B, P, new_tokens = 32, 8, 24
-  prompts = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size)
-  valid = jnp.ones((B, P), bool)
-  eos_id, int4 = None, quant.Int4(group_size=32)
+  prompts = jax.random.randint(jax.random.key(1), (B, P), 1, cfg.vocab_size).tolist()
+  int4 = quant.Int4(group_size=32)
   source = "tiny qwen2 (D=64, L=2, random init)"
 else:
-  cfg, params, tok = models.load_gguf(models.smollm2())
-  cfg = cfg.replace(dtype="bfloat16")
+  model = models.smollm2(compute_dtype="bfloat16")  # float32 weights, bf16 compute; stops at the tokenizer's EOS
   PROMPTS = ["What is 7 + 5? Answer:", "What is 23 + 19? Answer:", "Write a haiku about the sea.",
              "The capital of France is", "List three prime numbers:", "Explain what a neural network is.",
              "What is 9 times 8?", "Translate 'good morning' to French:"]
-  ids = tok.encode_batch(PROMPTS)
-  P = max(map(len, ids))
-  prompts = jnp.asarray([[0] * (P - len(i)) + i for i in ids], jnp.int32)  # left-padded
-  valid = jnp.asarray([[False] * (P - len(i)) + [True] * len(i) for i in ids])
-  B, new_tokens, eos_id = len(PROMPTS), 48, tok.eos_id
+  prompts = model.tokenizer.encode_batch(PROMPTS)  # lists of ids: generate pads them on the left
+  B, new_tokens = len(PROMPTS), 48
   int4 = quant.Int4(group_size=64)  # SmolLM2's K = 576 is not a multiple of 128
   source = "SmolLM2-135M-Instruct"
+cfg = model.cfg
 FORMATS = {"bf16": None, int4.name: int4,
            "fp8": quant.FP8(granularity="channel"), "nvfp4": quant.NVFP4()}
-sampling = sampler.SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, eos_id=eos_id, pad_id=0)
-learner_params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)  # bf16 master cast
-fwd = jax.jit(models.forward, static_argnames=("cfg",))
-
-
-def learner_logprobs(r, rules):
-  """log π of the sampled tokens: a cache-free learner forward, QAT-fake-quantized by `rules` if given."""
-  logits, _ = fwd(learner_params, r.tokens, cfg, valid_BT=r.valid, numerics=models.Numerics(qat_rules=rules))
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
-  prev = jnp.maximum(sampler.predictor_index(r.valid), 0)  # row s: the logits that predict token s
-  logp = jnp.take_along_axis(logp, prev[:, :, None], axis=1)
-  return jnp.take_along_axis(logp, r.tokens[:, :, None], axis=-1)[..., 0]
-
+sampling = sampler.SamplingConfig(max_new_tokens=new_tokens, temperature=1.0)
 
 runs = {}
 for name, spec in FORMATS.items():
-  served = sampler.serve_params(params, spec, dtype=jnp.bfloat16)
-  r = sampler.generate(served, prompts, valid, cfg, sampling, jax.random.key(2))
-  rules = None if spec is None else quant.QuantRules.default(spec)
-  pi_bf16 = learner_logprobs(r, None)
-  pi_qat = pi_bf16 if rules is None else learner_logprobs(r, rules)
+  served = sampler.serve_params(model, spec)  # real low-bit codes, computing in the model's bf16
+  r = sampler.generate(served, prompts, sampling=sampling, key=jax.random.key(2))
+  pi_bf16 = learner.logprobs(model, r)  # the learner's π: bf16, no fake quantization
+  pi_qat = pi_bf16 if spec is None else learner.logprobs(model, r, numerics=spec)  # ... and its QAT twin
   m = np.asarray(r.loss_mask)
   mu = np.asarray(r.sampler_logp)
   pis = (("bf16 learner", pi_bf16), ("QAT learner", pi_qat))
@@ -365,7 +349,7 @@ for name, spec in FORMATS.items():
   runs[name] = dict(r=r, mu=mu, pi_bf16=np.asarray(pi_bf16), pi_qat=np.asarray(pi_qat), mask=m, d=d)
   print(f"{name:6s} served | {m.sum():4d} tokens | mean |π−μ|: bf16 learner {d['bf16 learner'].mean():.2e}, "
         f"QAT learner {d['QAT learner'].mean():.2e}")
-  assert np.all(np.isfinite(d["bf16 learner"])) and m.sum() > 0'''),
+  assert np.all(np.isfinite(d["bf16 learner"])) and m.sum() > 0"""),
   md("## Per-token |π − μ|, bf16 learner vs QAT learner, per served format"),
   code("""\
 fig, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), sharey=True)
