@@ -7,11 +7,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 REF    := $(VENV)/.installed-ref
 AOT    := $(VENV)/.installed-aot
+DOCS   := $(VENV)/.installed-docs
 LIBTPU := $(VENV)/libtpu
 # --dist loadfile: a test file's tests share one worker, so its module fixtures and compiled programs are made once
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
-.PHONY: demo test lint format test-ref test-aot test-slow bench numerics clean
+.PHONY: demo test lint format test-ref test-aot test-slow docs bench numerics clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +30,10 @@ $(AOT): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,hf,control,aot]'
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(LIBTPU) "$$($(BIN)/python -c 'import importlib.metadata as m; \
 	  print(next(r.split(";")[0].replace(" ", "") for r in m.requires("jax") if r.startswith("libtpu")))')"
+	@touch $@
+
+$(DOCS): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,hf,control,docs]'
 	@touch $@
 
 demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
@@ -54,6 +59,10 @@ test-aot: $(AOT)  ## the kernels compiled ahead of time for sm_90 (triton + ptxa
 
 test-slow: $(REF)  ## checks too slow for the default suite
 	$(PYTEST) -m "slow and not ref and not device and not aot"
+
+docs: $(DOCS)  ## the API reference (pdoc) in build/api/; fails on a pdoc warning, an __all__ name shown without its signature, a broken docstring reference
+	rm -rf build/api
+	JAX_PLATFORMS=cpu $(BIN)/python scripts/check_api_docs.py build/api
 
 bench: $(STAMP)  ## kernel benchmark (quick sizes on CPU)
 	$(BIN)/lrl-jax bench kernels --quick
