@@ -48,6 +48,7 @@ __all__ = [
   "SamplerSection",
   "TaskSection",
   "RunSection",
+  "DapoSection",
   "SECTIONS",
   "load_config",
   "apply_overrides",
@@ -124,14 +125,15 @@ class QuantSection(Schema):
 
   section: ClassVar[str] = "quant"
 
-  learner: Literal["none", "int4", "fp8", "nvfp4", "mxfp8"] = "none"  # the learner's QAT format; none = plain
+  learner: Literal["none", "int4", "fp8", "nvfp4", "mxfp8", "nvfp4_wag"] = "none"  # QAT format; nvfp4_wag: W/A/G
   sampler: Literal["bf16", "int4", "fp8", "nvfp4", "mxfp8"] = "bf16"  # served weights: bf16 = a bf16 cast, else codes
   group_size: int = 128  # INT4 group size along K: 16, 32, 64, 128 or 256
   int4_scheme: Literal["absmax", "minmax", "learned"] = "absmax"  # INT4 scales: absmax/7, (max−min)/15 + zero, LSQ
   int4_zero_point: bool = False  # int4_scheme=learned: learn a zero point per group too (LSQ+)
   fp8_granularity: Literal["channel", "block"] = "channel"  # FP8 weight scale per output channel or per fp8_block² tile
   fp8_block: int = 128  # FP8 tile edge when fp8_granularity is block
-  act: Literal["none", "fp8"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token dynamic E4M3
+  act: Literal["none", "fp8", "nvfp4"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token E4M3;
+  # nvfp4 = 1x16 E2M1 blocks along K (W4A4, with quant.sampler=nvfp4)
   targets: str = quant.DEFAULT_TARGETS  # regex on the '/'-joined paths of the quantized kernels (learner and sampler)
 
   def _validate(self):
@@ -148,8 +150,9 @@ class QuantSection(Schema):
       "learned scales are trained by the learner's QAT: needs quant.learner=int4",
     )
     self._check(self.fp8_block > 0, "fp8_block", "must be > 0")
+    self._check(self.act != "nvfp4" or self.sampler == "nvfp4", "act", "nvfp4 activations need quant.sampler=nvfp4")
     self._check(
-      self.learner in ("none", self.sampler),
+      {"nvfp4_wag": "nvfp4"}.get(self.learner, self.learner) in ("none", self.sampler),
       "learner",
       f"needs quant.sampler={self.learner!r} (QAT trains for the format the sampler serves); "
       f"got quant.sampler={self.sampler!r}",
@@ -167,6 +170,7 @@ class QuantSection(Schema):
       "fp8": lambda: quant.FP8(granularity=self.fp8_granularity, block=self.fp8_block),
       "nvfp4": quant.NVFP4,
       "mxfp8": quant.MXFP8,
+      "nvfp4_wag": quant.NVFP4WAG,  # learner only: NVFP4 weights, activations and gradients (quant.nvfp4_wag_matmul)
     }[fmt]()
 
   @property
@@ -176,13 +180,14 @@ class QuantSection(Schema):
 
   @property
   def sampler_spec(self):
-    """Spec of the sampler's served weights, or None (bf16)."""
-    return self.spec(self.sampler)
+    """Spec of the sampler's served weights, or None (bf16). With learner nvfp4_wag, `NVFP4WAG`: NVFP4 QArrays
+    whose scales are the forward's 16x16 tiles (the forward's Ŵ, served as it is trained)."""
+    return self.spec("nvfp4_wag" if self.learner == "nvfp4_wag" else self.sampler)
 
   @property
   def act_spec(self):
-    """Spec of the sampler's activations (per-token FP8), or None."""
-    return quant.FP8(granularity="token") if self.act == "fp8" else None
+    """Spec of the sampler's activations (per-token FP8, or NVFP4 1x16 along K), or None."""
+    return {"fp8": quant.FP8(granularity="token"), "nvfp4": quant.NVFP4()}.get(self.act)
 
   def rules(self, spec):
     """`QuantRules` sending the `targets` kernels to `spec` (`QuantRules.default`)."""
@@ -308,6 +313,25 @@ class RunSection(Schema):
     self._check(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DapoSection(Schema):
+  """DAPO's dynamic sampling and overlong shaping (Yu et al. 2025; lrl_jax/rl/dapo.py). All off by default; DAPO
+  itself runs all three (L_cache = 4096 of L_max = 20480, penalty 1)."""
+
+  section: ClassVar[str] = "dapo"
+
+  dynamic_sampling: bool = False  # drop groups whose rewards are all equal; sample more prompts to fill the batch
+  max_rounds: int = 3  # generation rounds per step at most (the first included); then fill with dropped groups
+  overlong_buffer: int = 0  # L_cache: tokens before sampler.max_new_tokens over which the length penalty grows; 0 = off
+  overlong_penalty: float = 1.0  # the penalty at sampler.max_new_tokens (DAPO: 1)
+  overlong_filter: bool = False  # completions cut at sampler.max_new_tokens without EOS leave the loss
+
+  def _validate(self):
+    self._check(self.max_rounds >= 1, "max_rounds", "must be >= 1")
+    self._check(self.overlong_buffer >= 0, "overlong_buffer", "must be >= 0")
+    self._check(self.overlong_penalty >= 0, "overlong_penalty", "must be >= 0")
+
+
 # --------------------------------------------------------------------------- the whole config
 
 
@@ -341,6 +365,7 @@ class Config:
   learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)  # the learner (lrl_jax.learner)
   task: TaskSection = dataclasses.field(default_factory=TaskSection)  # prompts and reward
   run: RunSection = dataclasses.field(default_factory=RunSection)  # steps, batches, warm-up, outputs
+  dapo: DapoSection = dataclasses.field(default_factory=DapoSection)  # DAPO dynamic sampling, overlong shaping
 
   def __post_init__(self):
     for name, cls in SECTIONS.items():
@@ -354,6 +379,16 @@ class Config:
       raise ConfigError(
         f"sampler.group_size={s.group_size} must be >= 2 for learner.policy_loss={lrn.policy_loss} "
         "(group advantages compare completions of one prompt)"
+      )
+    d = self.dapo
+    if d.dynamic_sampling and lrn.policy_loss == "ppo":
+      raise ConfigError(
+        "dapo.dynamic_sampling drops groups whose group advantages are 0: it needs learner.policy_loss grpo or gspo "
+        "(ppo's advantages come from the critic)"
+      )
+    if d.overlong_buffer > s.max_new_tokens:
+      raise ConfigError(
+        f"dapo.overlong_buffer={d.overlong_buffer} must not exceed sampler.max_new_tokens={s.max_new_tokens} (L_max)"
       )
     if r.recover_steps and (q.learner == "none" or lrn.lora is not None):
       raise ConfigError(
@@ -435,6 +470,7 @@ SECTIONS: dict[str, type[Schema]] = {
   "learner": LearnerConfig,
   "task": TaskSection,
   "run": RunSection,
+  "dapo": DapoSection,
 }
 
 

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from lrl_jax import learner as L
 from lrl_jax import models
+from lrl_jax.rl import dapo
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
 from lrl_jax.rl.recover import recover
@@ -278,19 +279,15 @@ def _rl_step(
     served_lora, version = queue.swap(served_now, k)
   served, lora = served_lora
 
-  t0 = time.perf_counter()
-  roll = generate_rollout(
-    served, tok, val, setup, cfg, jax.random.fold_in(sample_key, k), evaluation=False, lora=lora, group_size=G
+  roll, rewards, rstats, gen = _sample_step(
+    k, task, setup, cfg, served, lora, tok, val, refs_g, jax.random.fold_in(sample_key, k), pool
   )
-  roll = jax.block_until_ready(roll)
-  t_gen = time.perf_counter() - t0
+  shaped, shaping, out_of_loss = _shape(roll, rewards, setup, cfg)
+  if out_of_loss is not None:
+    roll = roll.replace(loss_mask=roll.loss_mask & ~jnp.asarray(out_of_loss)[:, None])
 
   t0 = time.perf_counter()
-  rewards, rstats = score_rollout(task, roll, tok.shape[1], refs_g, cfg, pool)
-  t_rew = time.perf_counter() - t0
-
-  t0 = time.perf_counter()
-  roll = _shard(roll.replace(rewards=jnp.asarray(rewards, jnp.float32)), mesh)
+  roll = _shard(roll.replace(rewards=jnp.asarray(shaped, jnp.float32)), mesh)
   roll, prep = L.prepare_rollout(
     state,
     roll,
@@ -311,17 +308,19 @@ def _rl_step(
     ms.append(m)
   t_learn = time.perf_counter() - t0
 
-  n_tok = int(np.asarray(roll.loss_mask).sum())
-  rec = {
-    "reward_mean": float(rewards.mean()),
-    "reward_std": float(rewards.std()),
-    "accuracy": float(np.mean(rewards >= 1.0)),
-    "response_len": float(np.asarray(roll.lengths).mean()),
+  n_tok, t_gen, t_rew, all_rewards = gen.pop("tokens"), gen.pop("generate_s"), gen.pop("reward_s"), gen.pop("rewards")
+  rec = {  # the policy's samples: every completion generated this step (all rounds), rewards before shaping
+    "reward_mean": float(all_rewards.mean()),
+    "reward_std": float(all_rewards.std()),
+    "accuracy": float(np.mean(all_rewards >= 1.0)),
+    "response_len": float(gen.pop("response_len")),
     "reward_failed": int(rstats["failed"]),
     "reward_timeouts": int(rstats["timeouts"]),
     "advantage_abs_mean": float(np.abs(np.asarray(roll.advantages)).mean()),
     "policy_lag": k - version,
   }
+  rec.update(gen)
+  rec.update(shaping)
   rec.update(_mean_metrics(ms))
   if K > 1 and prep:
     # With K updates the later minibatches see an already-updated π; the train-inference mismatch proper
@@ -339,6 +338,69 @@ def _rl_step(
   )
   buffer.clear()
   return state, rec
+
+
+def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, step_key, pool):
+  """The generation rounds of step k (one, or DAPO's dynamic sampling: `rl.dapo`) -> (rollout of batch_prompts
+  groups, its task rewards f32 [B·G], reward stats, generation record)."""
+  G, B, d = cfg.sampler.group_size, cfg.run.batch_prompts, cfg.dapo
+  rolls, rews, stats = [], [], {"failed": 0, "timeouts": 0}
+  t_gen = t_rew = 0.0
+  kept = 0
+  for r in range(d.max_rounds if d.dynamic_sampling else 1):
+    if r:
+      prompts, refs = task.prompts(cfg.run.steps + k * (d.max_rounds - 1) + r - 1, B)
+      tok, val = encode_prompt_batch(task, prompts)
+      refs_g = [x for x in refs for _ in range(G)]
+    t0 = time.perf_counter()
+    key = step_key if r == 0 else jax.random.fold_in(step_key, r)
+    roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=False, lora=lora, group_size=G)
+    roll = jax.block_until_ready(roll)
+    t_gen += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rewards, st = score_rollout(task, roll, tok.shape[1], refs_g, cfg, pool)
+    t_rew += time.perf_counter() - t0
+    stats = {n: stats[n] + int(st[n]) for n in stats}
+    rolls.append(roll)
+    rews.append(np.asarray(rewards, np.float32))
+    kept += int(dapo.groups_with_signal(rewards, G).sum()) if d.dynamic_sampling else B
+    if kept >= B:
+      break
+  all_rewards = np.concatenate(rews)
+  lengths = np.concatenate([np.asarray(x.lengths) for x in rolls])
+  rec = {
+    "tokens": int(lengths.sum()),
+    "generate_s": t_gen,
+    "reward_s": t_rew,
+    "rewards": all_rewards,
+    "response_len": float(lengths.mean()),
+  }
+  if not d.dynamic_sampling:
+    return rolls[0], all_rewards, stats, rec
+  signal = dapo.groups_with_signal(all_rewards, G)
+  order = np.concatenate([np.nonzero(signal)[0], np.nonzero(~signal)[0]])[:B]  # with signal first, in sampled order
+  roll = dapo.take_groups(dapo.concat_rollouts(rolls), np.sort(order), G)
+  rows = (np.sort(order)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+  rec.update(
+    {
+      "sampling/rounds": len(rolls),
+      "sampling/dropped_frac": float(1.0 - signal.mean()),
+      "sampling/filled_groups": int(max(B - int(signal.sum()), 0)),
+    }
+  )
+  return roll, all_rewards[rows], stats, rec
+
+
+def _shape(roll, rewards, setup: Setup, cfg) -> tuple[np.ndarray, dict, np.ndarray | None]:
+  """(rewards + DAPO's soft overlong punishment, record, bool [B] rows overlong filtering takes out of the loss or
+  None) (`rl.dapo`); the rewards unchanged and no record when both are off."""
+  d, N = cfg.dapo, cfg.sampler.max_new_tokens
+  if not d.overlong_buffer and not d.overlong_filter:
+    return rewards, {}, None
+  cut = dapo.truncated_rows(roll, [setup.task.encoder.eos_id], N)
+  pen = dapo.overlong_penalty(np.asarray(roll.lengths), max_len=N, buffer=d.overlong_buffer, factor=d.overlong_penalty)
+  rec = {"overlong/truncated_frac": float(cut.mean()), "overlong/penalty_mean": float(pen.mean())}
+  return rewards + pen, rec, (cut if d.overlong_filter else None)
 
 
 def train(

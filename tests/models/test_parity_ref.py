@@ -275,3 +275,21 @@ def test_compressed_tensors_export_loads_in_transformers(tmp_path, spec_name):
     diff = float(np.max(np.abs(np.asarray(logits) - _torch_logits(ct, ids))))
     print(f"int4 export served by transformers: max |logits - ours| = {diff:.3g}")
     assert diff < 1e-4
+
+
+@pytest.mark.slow
+def test_smollm2_chat_template_matches_transformers(smollm2):
+  """`Tokenizer.apply_chat_template` (the GGUF's Jinja template, rendered here) == transformers' rendering of it,
+  text and ids, for a user turn, a system + user pair, and a multi-turn conversation."""
+  _, _, tok, _, ttok = smollm2
+  user = {"role": "user", "content": "What is 7 * 8?"}
+  convs = [
+    [user],
+    [{"role": "system", "content": "Answer briefly."}, user],
+    [user, {"role": "assistant", "content": "56"}, {"role": "user", "content": "And 7 * 9?"}],
+  ]
+  for msgs in convs:
+    for gen in (True, False):
+      want = ttok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
+      assert tok.apply_chat_template(msgs, add_generation_prompt=gen) == want
+      assert tok.encode_chat(msgs, add_generation_prompt=gen) == ttok.encode(want, add_special_tokens=False)
