@@ -84,11 +84,30 @@ def first_moment(opt_state):
   return opt_state[1][0].mu
 
 
-def assert_update_close(params_a, opt_a, params_b, opt_b, *, grad_rtol=1e-5, param_atol=1e-5):
-  """Same update, to f32 reordering: gradients (via Adam's μ) within grad_rtol of the largest one;
-  params within param_atol (1% of lr = 1e-3: Adam divides tiny gradients g ~ 1e-10 by √v + ε
-  and so magnifies their f32 reordering noise into the update)."""
+def assert_update_close(params_a, opt_a, params_b, opt_b, *, grad_rtol=1e-5, lr=1e-3, b1=0.9, eps=1e-8):
+  """Same first Adam update from the same parameters, to f32 reordering.
+
+  Gradients (via Adam's μ) within grad_rtol of the largest one. Parameters: Adam's first step moves each by
+  u = lr · g / (|g| + ε) (bias-corrected m̂ = g, √v̂ = |g|; g = μ / (1 − b1), clipped), and |du/dg| = lr · ε / (|g| + ε)²,
+  so with g known to ±δ an element may move by lr · min(2, ε · δ / ((|g| − δ)₊ + ε)²) more or less: up to 2 lr
+  where |g| is within δ of 0 (there Adam turns reordering noise into a full step), about nothing where |g| >> δ.
+  Plus f32 roundings: of p + u (ulps of |p|) and of u's own few operations (ulps of lr). `lr`, `b1`, `eps`: the config's (LearnerConfig defaults but lr).
+  """
   mu_a, mu_b = first_moment(opt_a), first_moment(opt_b)
   scale = max(float(np.max(np.abs(x))) for x in jax.tree_util.tree_leaves(mu_a))
   assert max_abs_diff(mu_a, mu_b) <= grad_rtol * scale
-  assert max_abs_diff(params_a, params_b) <= param_atol
+  delta = grad_rtol * scale / (1 - b1)
+  mu_p = mu_a["policy"] if isinstance(mu_a, dict) and "policy" in mu_a else mu_a  # the trained tree's moments
+  assert jax.tree_util.tree_structure(mu_p) == jax.tree_util.tree_structure(params_a)
+  for (path, a), b, m in zip(
+    jax.tree_util.tree_leaves_with_path(params_a), jax.tree_util.tree_leaves(params_b), jax.tree_util.tree_leaves(mu_p)
+  ):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    g = np.abs(np.asarray(m, np.float64)) / (1 - b1)
+    bound = lr * np.minimum(2.0, eps * delta / (np.maximum(g - delta, 0.0) + eps) ** 2)
+    bound += np.finfo(np.float32).eps * (2 * np.maximum(np.abs(a), np.abs(b)) + 8 * lr)
+    bad = np.abs(a - b) > bound
+    assert not bad.any(), (
+      f"{jax.tree_util.keystr(path)}: {int(bad.sum())} elements moved differently beyond the bound; the worst by "
+      f"{float(np.max(np.abs(a - b) - bound)):.3g}"
+    )
