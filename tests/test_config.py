@@ -65,8 +65,16 @@ def test_configs_say_what_they_claim():
     assert {**d["learner"], "correction": None} == {**base["learner"], "correction": None}
     assert {**d["run"], "out_dir": None} == {**base["run"], "out_dir": None}
   # The experiment arms share model, data, steps and seeds.
-  arms = [c for n, c in cfg.items() if n != "quickstart" and not n.startswith("smollm2")]
+  arms = [c for n, c in cfg.items() if n != "quickstart" and not n.startswith(("smollm2", "dapo"))]
   assert len({(c.model, c.task, c.run.steps, c.run.seed, c.run.sft_steps, c.run.batch_prompts) for c in arms}) == 1
+  # The DAPO configs are their base configs plus the dapo section (and, on the quickstart, room for the length penalty).
+  for name, base_name in (("dapo_quickstart", "quickstart"), ("dapo_smollm2", "smollm2_grpo")):
+    d, b = cfg[name].to_dict(), cfg[base_name].to_dict()
+    assert d["dapo"]["dynamic_sampling"] and d["dapo"]["overlong_filter"] and d["dapo"]["overlong_buffer"] > 0, name
+    d["run"]["out_dir"] = b["run"]["out_dir"]
+    d["sampler"]["max_new_tokens"] = b["sampler"]["max_new_tokens"]
+    assert {k: v for k, v in d.items() if k != "dapo"} == {k: v for k, v in b.items() if k != "dapo"}, name
+  assert cfg["dapo_quickstart"].sampler.max_new_tokens - cfg["dapo_quickstart"].dapo.overlong_buffer >= 4  # "123"+EOS
   # The SmolLM2 arms (docs/smollm2_results.md): the same model, task, sampler and schedule; each differs from the
   # bf16 arm only in its formats, correction, LoRA (and its learning rate) and the INT4 recovery.
   own = cfg["smollm2_own_task"]
