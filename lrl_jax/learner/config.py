@@ -207,9 +207,14 @@ class LearnerConfig(Schema):
     self._check(self.minibatches >= 1, "minibatches", "must be >= 1")
     self._check(self.micro_batches >= 1, "micro_batches", "must be >= 1")
     self._check(
-      self.qat is None or isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)),
+      self.qat is None or isinstance(self.qat, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4, quant.NVFP4WAG)),
       "qat",
-      "must be None or a quant spec (Int4, FP8, MXFP8, NVFP4); from YAML it is quant.learner",
+      "must be None or a quant spec (Int4, FP8, MXFP8, NVFP4, NVFP4WAG); from YAML it is quant.learner",
+    )
+    self._check(
+      not isinstance(self.qat, quant.NVFP4WAG) or (self.qat_start_step == 0 and self.qat_warmup_steps == 0),
+      "qat_start_step",
+      "NVFP4 W/A/G (quant.learner=nvfp4_wag) is on from step 0: qat_start_step and qat_warmup_steps must be 0",
     )
     check_regex(self, "qat_targets")
     self._check(self.qat_start_step >= 0, "qat_start_step", "must be >= 0")

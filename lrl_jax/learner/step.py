@@ -130,9 +130,13 @@ def _compute_cfg(model_cfg: ModelConfig, cfg: LearnerConfig) -> ModelConfig:
   return model_cfg if model_cfg.dtype == cfg.compute_dtype else model_cfg.replace(dtype=cfg.compute_dtype)
 
 
-def _numerics(cfg: LearnerConfig, qat_alpha) -> Numerics:
-  """The learner's matmul numerics: QAT on the rules of `cfg` (faded in by α when scheduled)."""
-  return Numerics(qat_rules=cfg.qat_rules, qat_alpha=qat_alpha)
+def _numerics(cfg: LearnerConfig, qat_alpha, step=None) -> Numerics:
+  """The learner's matmul numerics: QAT on the rules of `cfg` (faded in by α when scheduled); NVFP4 W/A/G's
+  backward draws from fold_in(PRNGKey(0), step) (deterministic, new each step; PRNGKey(0) without a step)."""
+  key = None
+  if isinstance(cfg.qat, quant.NVFP4WAG) and step is not None:
+    key = jax.random.fold_in(jax.random.PRNGKey(0), jnp.asarray(step, jnp.uint32))
+  return Numerics(qat_rules=cfg.qat_rules, qat_alpha=qat_alpha, key=key)
 
 
 def _hidden(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, numerics: Numerics, remat: bool = False):
@@ -272,7 +276,7 @@ def _learner_hidden(params, rollout: Rollout, model_cfg: ModelConfig, cfg: Learn
 
 def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
   """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
-  h = _hidden(params, lora, r, mcfg, cfg, _numerics(cfg, cfg.qat_alpha(step)), remat=cfg.remat)
+  h = _hidden(params, lora, r, mcfg, cfg, _numerics(cfg, cfg.qat_alpha(step), step), remat=cfg.remat)
   out = logprobs_from_hidden(
     params,
     h,
@@ -364,7 +368,7 @@ def logprobs(
     raise ValueError("logprobs: model_cfg is required (or pass a models.LoadedModel as params)")
   if isinstance(numerics, LearnerConfig):
     cfg = numerics
-  elif numerics is None or isinstance(numerics, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
+  elif numerics is None or isinstance(numerics, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4, quant.NVFP4WAG)):
     cfg = LearnerConfig(compute_dtype=model_cfg.dtype, qat=numerics)
   else:
     raise ValueError(f"logprobs: numerics must be None, a quantization spec or a LearnerConfig; got {numerics!r}")

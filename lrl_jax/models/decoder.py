@@ -332,7 +332,26 @@ def _rope(x_BTHD, positions_BT, theta):
   return (xf * jnp.cos(ang) + rot * jnp.sin(ang)).astype(x_BTHD.dtype)
 
 
-def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
+def _act_quant(x, act_spec):
+  """The activations a served matmul sees: (x', post) with y = (x' ⋅ ŵ) · post. FP8 per token: x' = x̂, post = None.
+  NVFP4 (W4A4): x' = e2m1 · s_b (exact in x.dtype; 1x16 along K, one per-tensor scale over all the tokens, as the
+  learner's `quant.nvfp4_wag_matmul`), post = its dec, applied after the K sum as the learner does; an `NVFP4WAG`
+  act_spec: its forward's activations (`act_scale` "token": one scale per token)."""
+  if act_spec is None:
+    return x, None
+  if isinstance(act_spec, (quant.NVFP4, quant.NVFP4WAG)):
+    scale = act_spec.act_scale if isinstance(act_spec, quant.NVFP4WAG) else "tensor"
+    xm, dec = quant.nvfp4_activations(x.reshape(-1, x.shape[-1]), scale)
+    dec = dec if scale == "tensor" else dec.reshape(x.shape[:-1] + (1,))
+    return xm.astype(x.dtype).reshape(x.shape), dec
+  return quant.fake_quant(x, act_spec, axis=-1), None
+
+
+def _post(y, post, dtype):
+  return (y if post is None else y.astype(jnp.float32) * post).astype(dtype)
+
+
+def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
   """x [.., K] @ w [K, N] -> [.., N] in x.dtype, f32 accumulation.
 
   w: a QArray (sampler: `kernels.qmatmul`; in the nn.Linear layout [N, K], axis=-1: `kernels.qlinear`)
@@ -342,21 +361,34 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None):
   dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`). NVFP4
   computes the sampler's dot, `quant.qdot` (its per-matrix scale after the K sum): the QAT forward equals
   the forward on the served QArrays, and the one on `fake_quant_params` up to rounding ŵ to x.dtype.
-  act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8), or None.
+  act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8); NVFP4() quantizes it 1x16 along K
+    (W4A4 on served NVFP4 weights: `_act_quant`, the XLA dot `quant.qdot`, then the activations' dec); or None.
   qparams: (scale, zero point or None) of a learned INT4 spec (`kernel_scale` / `kernel_zero`).
   alpha: QAT warm-up weight in [0, 1] (a scalar array) or None (QAT fully on).
+  wag: `quant.NVFP4WAG` only: (PRNG key of this kernel, layer on: a bool scalar or None) -> `quant.nvfp4_wag_matmul`,
+    or a plain dot where the layer is off (`QuantRules.keep_last_layers`).
   """
   if isinstance(w, kernels.Predecoded):  # a served weight decoded once (`kernels.predecode`): the same dot
-    if act_spec is not None:
-      x = quant.fake_quant(x, act_spec, axis=-1)
-    return kernels.predecoded_dot(x, w).astype(x.dtype)
+    x, post = _act_quant(x, act_spec)
+    return _post(kernels.predecoded_dot(x, w), post, x.dtype)
   if isinstance(w, quant.QArray):
-    if act_spec is not None:
-      x = quant.fake_quant(x, act_spec, axis=-1)
+    x, post = _act_quant(x, act_spec)
+    if post is not None:  # W4A4: f32 until the activations' scale (the Pallas kernels round to x.dtype first)
+      return _post(quant.qdot(x, w, materialize=True), post, x.dtype)
     if w.axis == -1:  # served as [N, K] (`kernels.linear_layout`)
       return kernels.qlinear(x, w).astype(x.dtype)
     return kernels.qmatmul(x, w).astype(x.dtype)
   w = w.astype(x.dtype)  # quantize the array the matmul sees (the sampler quantizes the same cast)
+  if isinstance(spec, quant.NVFP4WAG):
+    if qparams is not None or alpha is not None or act_spec is not None:
+      raise ValueError(f"{spec}: no QAT warm-up (qat_start_step / qat_warmup_steps) or act_spec with W/A/G")
+    key, on = (None, None) if wag is None else wag
+    dn = (((x.ndim - 1,), (0,)), ((), ()))
+    mm = lambda: quant.dot_general_for(spec, key=key)(x, w, dn, preferred_element_type=jnp.float32)  # noqa: E731
+    if on is None:
+      return mm().astype(x.dtype)
+    plain = lambda: lax.dot_general(x, w, dn, preferred_element_type=jnp.float32)  # noqa: E731
+    return lax.cond(on, mm, plain).astype(x.dtype)
   dn = (((x.ndim - 1,), (0,)), ((), ()))
   if spec is not None and (qparams is not None or alpha is not None):
     # Explicit ŵ: learned INT4 scales (LSQ), and/or QAT fading in: w + α·(ŵ − w), exactly ŵ once α >= 1.
@@ -400,7 +432,10 @@ def _dense(x, p: dict, name: str, specs: dict, lora_p: dict | None, lora_scale: 
         "(quant.init_learned(params, rules))"
       )
     qparams = (p[s_key], p.get(z_key) if spec.learn_zero_point else None)
-  y = _matmul(x, w, spec, act, qparams, specs.get("alpha"))
+  wag = None
+  if isinstance(spec, quant.NVFP4WAG):
+    wag = (jax.random.fold_in(specs["key"], _LAYER_KERNELS.index(name)), specs.get("on"))
+  y = _matmul(x, w, spec, act, qparams, specs.get("alpha"), wag)
   if "bias" in p:
     y = y + _lead(p["bias"].astype(y.dtype), y.ndim)
   if lora_p is not None:
@@ -448,19 +483,27 @@ class Numerics:
     qat_alpha: QAT warm-up (f32 scalar in [0, 1]): the selected kernels enter the matmul as w + α·(ŵ − w);
       exactly ŵ when α >= 1. None: ŵ (QAT fully on). Ignored without qat_rules.
     act_spec: `quant.FP8(granularity="token")` (static) for W8A8: the input of every matmul with a quantized
-      weight (QArray, or selected by qat_rules) is fake-quantized per token. None: W*A16.
+      weight (QArray, or selected by qat_rules) is fake-quantized per token. `quant.NVFP4()`: served NVFP4 weights
+      with NVFP4 activations, 1x16 along K (W4A4, the forward of `quant.NVFP4WAG`); a `quant.NVFP4WAG` spec: the
+      activations of its forward (`act_scale`). None: W*A16.
+    key: PRNG key of `quant.NVFP4WAG` kernels (stochastic rounding, RHT: their backward only); the layer index and
+      the kernel's index are folded in per matmul. None: `PRNGKey(0)`. The learner folds in its step.
   """
 
   qat_rules: quant.QuantRules | None = flax.struct.field(pytree_node=False, default=None)
   qat_alpha: jax.Array | None = None
-  act_spec: quant.FP8 | None = flax.struct.field(pytree_node=False, default=None)
+  act_spec: quant.FP8 | quant.NVFP4 | quant.NVFP4WAG | None = flax.struct.field(pytree_node=False, default=None)
+  key: jax.Array | None = None
 
 
-def _qat_specs(qat_rules, params, act_spec=None) -> dict:
+def _qat_specs(qat_rules, params, act_spec=None, key=None) -> dict:
   """'attn/q_proj' -> spec for the float layer kernels the rules select (decided on stacked paths);
-  'act' -> the activation spec."""
-  if act_spec is not None and not (isinstance(act_spec, quant.FP8) and act_spec.granularity == "token"):
-    raise ValueError(f"act_spec must be FP8(granularity='token') or None; got {act_spec!r}")
+  'act' -> the activation spec; with `quant.NVFP4WAG` kernels 'key' (`Numerics.key`) and 'keep_last'."""
+  if act_spec is not None and not (
+    (isinstance(act_spec, quant.FP8) and act_spec.granularity == "token")
+    or isinstance(act_spec, (quant.NVFP4, quant.NVFP4WAG))
+  ):
+    raise ValueError(f"act_spec must be FP8(granularity='token'), NVFP4(), NVFP4WAG() or None; got {act_spec!r}")
   if qat_rules is None:
     return {} if act_spec is None else {"act": act_spec}
   if qat_rules.axis != -2:
@@ -476,6 +519,21 @@ def _qat_specs(qat_rules, params, act_spec=None) -> dict:
       raise ValueError(f"qat_rules select {path!r}: fake-quantized embeddings / lm_head are not supported")
   if act_spec is not None:
     out["act"] = act_spec
+  if any(isinstance(s, quant.NVFP4WAG) for s in out.values()):
+    out["key"] = jax.random.PRNGKey(0) if key is None else key
+    out["keep_last"] = qat_rules.keep_last_layers
+  elif qat_rules.keep_last_layers:
+    raise ValueError(f"QuantRules.keep_last_layers applies to NVFP4WAG kernels; the rules select {out}")
+  return out
+
+
+def _layer_specs(specs: dict, i, num_layers: int, part: int = 0) -> dict:
+  """The specs of layer i of the scan: NVFP4WAG's key folded with (i, part) and 'on' = i < L − keep_last."""
+  if "key" not in specs:
+    return specs
+  out = dict(specs, key=jax.random.fold_in(jax.random.fold_in(specs["key"], i), part))
+  if specs["keep_last"]:
+    out["on"] = i < num_layers - specs["keep_last"]
   return out
 
 
@@ -614,7 +672,7 @@ def forward_hidden(
   if positions_BT.shape != (B, T):
     raise ValueError(f"positions_BT shape {positions_BT.shape} != tokens_BT shape {(B, T)}")
 
-  specs = _qat_specs(qat_rules, params, act_spec)
+  specs = _qat_specs(qat_rules, params, act_spec, numerics.key)
   if qat_alpha is not None and qat_rules is not None:
     specs["alpha"] = jnp.asarray(qat_alpha, jnp.float32)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
@@ -628,11 +686,12 @@ def forward_hidden(
     mask_BTS = causal[None] & valid_BT[:, None, :]
 
     def body(x, xs):
-      lp, llp = xs
-      return _layer(cfg, specs, lora_scale, x, lp, llp, positions_BT, lambda k, v: (k, v, mask_BTS)), None
+      lp, llp, i = xs
+      sp = _layer_specs(specs, i, cfg.num_layers)
+      return _layer(cfg, sp, lora_scale, x, lp, llp, positions_BT, lambda k, v: (k, v, mask_BTS)), None
 
     body = _remat(body, remat)
-    x, _ = lax.scan(body, x, (layers, lora_params))
+    x, _ = lax.scan(body, x, (layers, lora_params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
     new_cache = None
   else:
     idx = jnp.asarray(cache_index, jnp.int32)
@@ -665,7 +724,7 @@ def forward_hidden(
           keys, values = kc[i, :, :W], vc[i, :, :W]
         return keys, values, mask_BTS
 
-      x = _layer(cfg, specs, lora_scale, x, lp, llp, positions_BT, kv_fn)
+      x = _layer(cfg, _layer_specs(specs, i, L), lora_scale, x, lp, llp, positions_BT, kv_fn)
       return (x, kc, vc, ks, vs), None
 
     L = cfg.num_layers
@@ -719,7 +778,7 @@ def forward_hidden_grouped(
   for name, x in (("valid_BT", valid_BT), ("positions_BT", positions_BT)):
     if x.shape != (B, T):
       raise ValueError(f"forward_hidden_grouped: {name} shape {x.shape} != tokens_BT shape {(B, T)}")
-  specs = _qat_specs(numerics.qat_rules, params, numerics.act_spec)
+  specs = _qat_specs(numerics.qat_rules, params, numerics.act_spec, numerics.key)
   if numerics.qat_alpha is not None and numerics.qat_rules is not None:
     specs["alpha"] = jnp.asarray(numerics.qat_alpha, jnp.float32)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
@@ -741,7 +800,7 @@ def forward_hidden_grouped(
 
   def body(carry, xs):
     x_p, x_c = carry
-    lp, llp = xs
+    lp, llp, i = xs
     kv_p = {}
 
     def prompt_kv(k, v):
@@ -753,12 +812,13 @@ def forward_hidden_grouped(
       values = jnp.concatenate([jnp.repeat(kv_p["v"], G, axis=0), v], axis=1)
       return keys, values, mask_c
 
-    x_p = _layer(cfg, specs, lora_scale, x_p, lp, llp, pos_p, prompt_kv)
-    x_c = _layer(cfg, specs, lora_scale, x_c, lp, llp, pos_c, completion_kv)
+    x_p = _layer(cfg, _layer_specs(specs, i, cfg.num_layers, 0), lora_scale, x_p, lp, llp, pos_p, prompt_kv)
+    x_c = _layer(cfg, _layer_specs(specs, i, cfg.num_layers, 1), lora_scale, x_c, lp, llp, pos_c, completion_kv)
     return (x_p, x_c), None
 
   body = _remat(body, remat)
-  (x_p, x_c), _ = lax.scan(body, (x_p, x_c), (params["layers"], lora_params))
+  xs = (params["layers"], lora_params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
+  (x_p, x_c), _ = lax.scan(body, (x_p, x_c), xs)
   x = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
   return _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt), None
 

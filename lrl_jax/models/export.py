@@ -48,7 +48,7 @@ from lrl_jax.models import _checkpoint as ckpt
 from lrl_jax.models._tokenizer import load_tokenizer
 from lrl_jax.models.bundle import LoadedModel, resolve_dtypes
 from lrl_jax.models.config import ModelConfig
-from lrl_jax.quant import NVFP4, Int4, QArray, QuantRules
+from lrl_jax.quant import NVFP4, NVFP4WAG, Int4, QArray, QuantRules
 
 __all__ = ["export_compressed_tensors", "load_compressed_tensors", "quantization_config"]
 
@@ -152,7 +152,7 @@ def _quantize_kernels(cfg: ModelConfig, params, rules: QuantRules, fuse: bool, d
         f"quantization scheme; the rules give {[str(selected[p]) for p in paths]}"
       )
     spec = specs.pop()
-    if spec is None or not (fuse and isinstance(spec, NVFP4)):
+    if spec is None or not (fuse and isinstance(spec, (NVFP4, NVFP4WAG))):
       continue
     ws = [jnp.asarray(ckpt.get_path(params, p)).astype(dtype) for p in paths]
     q = _quantize(jnp.concatenate(ws, axis=-1), spec, axis=rules.axis)
@@ -163,7 +163,7 @@ def _quantize_kernels(cfg: ModelConfig, params, rules: QuantRules, fuse: bool, d
         codes=q.codes[..., start : start + n],
         scale=q.scale[..., start : start + n],
         global_scale=q.global_scale,
-        spec=spec,
+        spec=q.spec,
         axis=q.axis,
       )
       start += n
@@ -233,9 +233,10 @@ def export_compressed_tensors(
   Returns:
     The directory.
   """
+  rules = QuantRules.default(spec) if rules is None else rules
+  spec = NVFP4() if isinstance(spec, NVFP4WAG) else spec  # W/A/G's weights: NVFP4 with 16x16-tiled scales
   if type(spec) not in _FORMATS:
     raise ValueError(f"export_compressed_tensors supports Int4 and NVFP4 specs, got {spec}")
-  rules = QuantRules.default(spec) if rules is None else rules
   if rules.axis != -2:
     raise ValueError(f"export_compressed_tensors needs rules.axis == -2 (groups along K), got {rules.axis}")
   ckpt.check_tree(cfg, _without_learned(params))

@@ -1,7 +1,8 @@
 """lrl_jax.quant — the numerics contract shared by the learner (fake quant) and the sampler (real codes).
 
 Formats: `Int4` (W4A16, slime / compressed-tensors), `FP8` (E4M3, channel/token/block),
-`MXFP8` (OCP microscaling), `NVFP4` (E2M1 + E4M3 per 16 + FP32 per tensor).
+`MXFP8` (OCP microscaling), `NVFP4` (E2M1 + E4M3 per 16 + FP32 per tensor), `NVFP4WAG` (the learner's NVFP4
+weights, activations and gradients: `nvfp4_wag_matmul`, NVIDIA's NVFP4 training recipe).
 `fake_quant(x, spec) == dequantize(quantize(x, spec), x.dtype)` bit for bit.
 `qdot(x, q)`: the one definition of a matmul on a QArray (NVFP4: its per-matrix scale after the K sum), which
 the sampler's kernels and the learner's QAT dot both compute.
@@ -30,13 +31,23 @@ from lrl_jax.quant.rules import (
   path_str,
   quantize_params,
 )
-from lrl_jax.quant.specs import FP8, MXFP8, NVFP4, Int4, Spec
+from lrl_jax.quant.specs import FP8, MXFP8, NVFP4, NVFP4WAG, Int4, Spec
+from lrl_jax.quant.wag import (
+  hadamard16,
+  nvfp4_activations,
+  nvfp4_blocks,
+  nvfp4_wag_matmul,
+  rht,
+  sr_e2m1,
+  wag_draws,
+)
 
 __all__ = [
   "Int4",
   "FP8",
   "MXFP8",
   "NVFP4",
+  "NVFP4WAG",
   "Spec",
   "QArray",
   "quantize",
@@ -68,4 +79,11 @@ __all__ = [
   "grid_residual",
   "next_token_kl",
   "policy_jolt",
+  "nvfp4_wag_matmul",
+  "nvfp4_blocks",
+  "nvfp4_activations",
+  "sr_e2m1",
+  "hadamard16",
+  "rht",
+  "wag_draws",
 ]

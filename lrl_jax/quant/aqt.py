@@ -51,7 +51,8 @@ from jax import lax
 
 from lrl_jax.quant.dot import qdot
 from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant, quantize
-from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, NVFP4, Int4, Spec
+from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, NVFP4, NVFP4WAG, Int4, Spec
+from lrl_jax.quant.wag import nvfp4_wag_matmul
 
 __all__ = ["dot_general_for", "aqt_fake_quant"]
 
@@ -189,7 +190,7 @@ def _nvfp4_dot_bwd(dimension_numbers, spec, precision, preferred_element_type, r
 _nvfp4_dot.defvjp(_nvfp4_dot_fwd, _nvfp4_dot_bwd)
 
 
-def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGeneral:
+def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None, key: jax.Array | None = None) -> DotGeneral:
   """A `lax.dot_general` replacement that fake-quantizes its rhs (the weight) to `spec`.
 
   Args:
@@ -201,6 +202,9 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
       accepted here (its scales are parameters: `learned_fake_quant`).
     act_spec: optional FP8(granularity="token") for the lhs (W8A8): the activations are
       fake-quantized per token along the lhs contraction axis.
+    key: `NVFP4WAG` only: the PRNG key of its backward's stochastic rounding and RHT. `NVFP4WAG` is not a fake
+      quant: the dot is `quant.nvfp4_wag_matmul` (NVFP4 activations and gradients too, no straight-through); it
+      takes lhs [.., K] contracting its last axis with a 2-D rhs [K, N], and no act_spec.
 
   Returns:
     dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None).
@@ -216,7 +220,14 @@ def dot_general_for(spec: Spec | None, *, act_spec: FP8 | None = None) -> DotGen
     )
 
   def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    (lhs_ca, rhs_ca), _ = dimension_numbers
+    (lhs_ca, rhs_ca), (lhs_b, _) = dimension_numbers
+    if isinstance(spec, NVFP4WAG):
+      if act_spec is not None or tuple(lhs_ca) != (lhs.ndim - 1,) or tuple(rhs_ca) != (0,) or rhs.ndim != 2 or lhs_b:
+        raise ValueError(
+          f"{spec}: lhs [.., K] @ rhs [K, N] without act_spec; got {lhs.shape} @ {rhs.shape}, {dimension_numbers}"
+        )
+      y = nvfp4_wag_matmul(lhs, rhs, key, rht=spec.rht, sr=spec.sr, act_scale=spec.act_scale)
+      return y.astype(preferred_element_type or jnp.result_type(lhs, rhs))
     if spec is not None:
       if len(rhs_ca) != 1:
         raise ValueError(

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from lrl_jax.quant import packing
-from lrl_jax.quant.specs import FP4_MAX, FP8, FP8_MAX, INT4_MAX, INT4_SCALE_FLOOR, MXFP8, NVFP4, Int4, Spec
+from lrl_jax.quant.specs import FP4_MAX, FP8, FP8_MAX, INT4_MAX, INT4_SCALE_FLOOR, MXFP8, NVFP4, NVFP4WAG, Int4, Spec
 
 __all__ = ["QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec"]
 
@@ -116,7 +116,7 @@ def check_spec(spec: Spec, shape: tuple[int, ...], dtype, axis: int = -1) -> int
   Raises:
     ValueError naming the spec, the shape and the axis.
   """
-  if not isinstance(spec, (Int4, FP8, MXFP8, NVFP4)):
+  if not isinstance(spec, (Int4, FP8, MXFP8, NVFP4, NVFP4WAG)):
     raise TypeError(f"not a quantization spec: {spec!r}")
   shape = tuple(shape)
   if not jnp.issubdtype(dtype, jnp.floating) or jnp.dtype(dtype).itemsize < 2:
@@ -124,6 +124,12 @@ def check_spec(spec: Spec, shape: tuple[int, ...], dtype, axis: int = -1) -> int
       f"{spec}: expected a float32/bfloat16/float16 array, got dtype {jnp.dtype(dtype)} (shape {shape}, axis {axis})"
     )
   ax = _normalize_axis(spec, shape, axis)
+  if isinstance(spec, NVFP4WAG):
+    if len(shape) < 2 or ax < len(shape) - 2 or shape[-2] % 16 or shape[-1] % 16:
+      raise ValueError(
+        f"{spec}: 16x16 tiles need the group axis among the last two and both multiples of 16; got shape {shape} "
+        f"(axis {axis})"
+      )
   if isinstance(spec, FP8) and spec.granularity == "block":
     if len(shape) < 2:
       raise ValueError(f"{spec}: 2-D blocks need rank >= 2, got shape {shape} (axis {axis})")
@@ -355,18 +361,37 @@ def _per_matrix(v: jax.Array, ndim: int) -> jax.Array:
   return v.reshape(v.shape + (1,) * (ndim - v.ndim))
 
 
-def _quantize_nvfp4(x, spec: NVFP4, axis):
+def _tile_max(amax: jax.Array, axis: int) -> jax.Array:
+  """Block amaxes [.., K/16, 1, N] (grouped layout, groups along `axis`) -> the max over each 16x16 tile, repeated
+  over the tile's 16 groups along the other matrix axis (NaN if any of them is NaN)."""
+  o = (-1 if axis == -2 else -3) % amax.ndim  # the other matrix axis, in the grouped layout
+  t = amax.reshape(amax.shape[:o] + (amax.shape[o] // 16, 16) + amax.shape[o + 1 :])
+  m = jnp.max(t, axis=o + 1, keepdims=True)
+  m = jnp.where(jnp.any(jnp.isnan(t), axis=o + 1, keepdims=True), jnp.nan, m)  # some CPU max-reductions drop NaN
+  return jnp.broadcast_to(m, t.shape).reshape(amax.shape)
+
+
+def _nvfp4_prepare(x, axis, tile: bool = False):
+  """NVFP4 up to the element rounding: (v, s_b, dec), v = clip(x / (f32(s_b) · dec), ±6) in the grouped layout
+  [.., K/16, 16, ..] (NaN -> 0: the NaN lives on in the block scale), s_b the e4m3 block scales [.., K/16, 1, ..],
+  dec the per-matrix decode scale. tile: one s_b per 16x16 tile of the last two axes (`NVFP4WAG` weights)."""
   dec, enc = _nvfp4_global(x)
-  xg = _groups(x, axis, spec.block_size)
+  xg = _groups(x, axis, 16)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
   amax = _absmax(xg, axis)
+  if tile:
+    amax = _tile_max(amax, axis)
   sb = _exact_cast(_poison(jnp.minimum(_div(amax * enc, FP4_MAX), FP8_MAX), amax), jnp.float8_e4m3fn)
   denom = sb.astype(jnp.float32) * dec_g
   q = jnp.clip(_safe_div(xg, denom), -FP4_MAX, FP4_MAX)
-  q = jnp.where(jnp.isnan(xg), 0.0, q)  # the NaN lives on in the block scale
-  nib = lax.bitcast_convert_type(q.astype(jnp.float4_e2m1fn), jnp.uint4).astype(jnp.uint8)
+  return jnp.where(jnp.isnan(xg), 0.0, q), sb, dec.astype(jnp.float32)
+
+
+def _quantize_nvfp4(x, spec: NVFP4 | NVFP4WAG, axis):
+  q, sb, dec = _nvfp4_prepare(x, axis, tile=isinstance(spec, NVFP4WAG))
+  nib = lax.bitcast_convert_type(q.astype(jnp.float4_e2m1fn), jnp.uint4).astype(jnp.uint8)  # round to nearest even
   codes = packing.pack_nibbles(_ungroup(nib, axis), axis)
-  return codes, _scale_shape(sb, axis), dec.astype(jnp.float32)
+  return codes, _scale_shape(sb, axis), dec
 
 
 def _dequantize_nvfp4(q: QArray, global_scale: bool = True):
@@ -379,7 +404,13 @@ def _dequantize_nvfp4(q: QArray, global_scale: bool = True):
   return _ungroup(vg, q.axis)
 
 
-_QUANTIZE = {Int4: _quantize_int4, FP8: _quantize_fp8, MXFP8: _quantize_mxfp8, NVFP4: _quantize_nvfp4}
+_QUANTIZE = {
+  Int4: _quantize_int4,
+  FP8: _quantize_fp8,
+  MXFP8: _quantize_mxfp8,
+  NVFP4: _quantize_nvfp4,
+  NVFP4WAG: _quantize_nvfp4,
+}
 _DEQUANTIZE = {Int4: _dequantize_int4, FP8: _dequantize_fp8, MXFP8: _dequantize_mxfp8, NVFP4: _dequantize_nvfp4}
 
 
@@ -409,7 +440,8 @@ def quantize(x: jax.Array, spec: Spec, *, axis: int = -1, scale=None, zero_point
 
   Args:
     x: float32 / bfloat16 / float16 array.
-    spec: an `Int4`, `FP8`, `MXFP8` or `NVFP4` spec.
+    spec: an `Int4`, `FP8`, `MXFP8`, `NVFP4` or `NVFP4WAG` spec (the latter: NVFP4 with one E4M3 scale per
+      16x16 tile of the last two axes, returned as an `NVFP4()` QArray, the tile's scale repeated per group).
     axis: the axis groups run along: the contraction axis of the matmul the array
       feeds (0 or -2 for a weight [K, N] used as `x @ w`). Ignored by FP8 channel/token,
       which reduce over it, and FP8 block, which tiles the last two axes.
@@ -435,6 +467,8 @@ def quantize(x: jax.Array, spec: Spec, *, axis: int = -1, scale=None, zero_point
     codes, sc, gs, zp = _quantize_int4(x32, spec, ax, scale, zero_point)
   else:
     (codes, sc, gs), zp = _QUANTIZE[type(spec)](x32, spec, ax), None
+  if isinstance(spec, NVFP4WAG):
+    spec = NVFP4()  # served and stored as plain NVFP4: the 16x16 tiles only constrain which scales occur
   return QArray(codes=codes, scale=sc, global_scale=gs, spec=spec, axis=ax, zero_point=zp)
 
 

@@ -62,18 +62,26 @@ class QuantRules:
     axis: the axis groups run along in a selected kernel; -2 for Flax `Dense`
       kernels [.., K, N] used as `x @ w` (the contraction axis; leading axes are
       stacked layers).
+    keep_last_layers: `NVFP4WAG` only: the last k layers of the decoder's stack run their matmuls in the compute
+      dtype (NVIDIA's recipe keeps a few final blocks in BF16). Default 0: every layer W/A/G, because the sampler
+      serves every layer in NVFP4 and a layer trained in bf16 but served in NVFP4 is a train-inference mismatch.
   """
 
   rules: tuple[tuple[str, Spec | None], ...]
   axis: int = -2
+  keep_last_layers: int = 0
+
+  def __post_init__(self):
+    if not (isinstance(self.keep_last_layers, int) and self.keep_last_layers >= 0):
+      raise ValueError(f"QuantRules.keep_last_layers must be an int >= 0; got {self.keep_last_layers!r}")
 
   @classmethod
-  def default(cls, spec: Spec | None, *, targets: str = DEFAULT_TARGETS) -> "QuantRules":
+  def default(cls, spec: Spec | None, *, targets: str = DEFAULT_TARGETS, keep_last_layers: int = 0) -> "QuantRules":
     """The `targets` kernels (default: every attention / MLP projection) -> `spec`; embeddings, lm_head, norms,
     routers and biases are kept whatever `targets` says (they come first). The one builder of the rules the
     learner's QAT forward and the sampler's served weights use."""
     keep = tuple((p, None) for p in DEFAULT_KEEP)
-    return cls(rules=keep + ((targets, spec),))
+    return cls(rules=keep + ((targets, spec),), keep_last_layers=keep_last_layers)
 
   def spec_for(self, path: str) -> Spec | None:
     for pattern, spec in self.rules:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Union
 
-__all__ = ["Int4", "FP8", "MXFP8", "NVFP4", "Spec"]
+__all__ = ["Int4", "FP8", "MXFP8", "NVFP4", "NVFP4WAG", "Spec"]
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP4_MAX = 6.0  # largest float4_e2m1fn
@@ -164,4 +164,46 @@ class NVFP4:
     return "nvfp4"
 
 
-Spec = Union[Int4, FP8, MXFP8, NVFP4]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NVFP4WAG:
+  """NVFP4 weights, activations and gradients in the learner (NVIDIA's NVFP4 training recipe, arXiv 2509.25149).
+
+  A learner-only QAT spec: the selected linear layers run `quant.nvfp4_wag_matmul` (`wag.py`), whose three GEMMs
+  all take NVFP4 operands (forward x 1x16 RNE and W 16x16 RNE; dgrad dy 1x16 SR; wgrad x and dy 16x1 along the
+  tokens after a random Hadamard transform, dy SR). As a weight format it is NVFP4 with 16x16 scale tiles:
+  `quantize(w, NVFP4WAG(), axis=-2)` gives a plain `NVFP4()` QArray (1x16 along K, each tile's E4M3 scale
+  repeated over its 16 columns), what the sampler serves.
+
+  Attributes:
+    rht: random Hadamard transform of the wgrad operands (16x16, random signs per step).
+    sr: stochastic rounding of the gradient dy (dgrad and wgrad operands); False: round to nearest even.
+    act_scale: the forward's activation FP32 scale: "tensor" (the recipe: one amax over all the tokens of the
+      call) or "token" (one per row: a token's codes then do not depend on which tokens share the matmul, so the
+      sampler's prefill and decode steps and the learner's forward quantize it alike).
+  """
+
+  rht: bool = True
+  sr: bool = True
+  act_scale: Literal["tensor", "token"] = "tensor"
+
+  def __post_init__(self):
+    if self.act_scale not in ("tensor", "token"):
+      raise ValueError(f"NVFP4WAG.act_scale must be 'tensor' or 'token'; got {self.act_scale!r}")
+
+  @property
+  def block(self) -> int:
+    return 16
+
+  @property
+  def block_size(self) -> int:
+    return 16
+
+  @property
+  def name(self) -> str:
+    suffix = (
+      ("" if self.rht else "_norht") + ("" if self.sr else "_nosr") + ("_tok" if self.act_scale == "token" else "")
+    )
+    return "nvfp4_wag" + suffix
+
+
+Spec = Union[Int4, FP8, MXFP8, NVFP4, NVFP4WAG]

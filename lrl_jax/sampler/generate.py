@@ -160,7 +160,10 @@ def generate(
       None: allowed for greedy decoding only.
     cache_dtype: KV-cache dtype: float32, bfloat16 or float8_e4m3fn (per-(token, head) scales). None: `cfg.dtype`.
     act_spec: `quant.FP8(granularity="token")` serves W8A8 (FP8 weights from `serve_params` plus
-      per-token FP8 activations, dynamic scales), or None (weight-only).
+      per-token FP8 activations, dynamic scales); `quant.NVFP4()` serves W4A4 (NVFP4 weights, e.g. the 16x16-tiled
+      ones of `serve_params(params, quant.NVFP4WAG())`, plus NVFP4 activations 1x16 along K, one per-tensor scale
+      per matmul call: the forward of `quant.nvfp4_wag_matmul`), or that learner's `quant.NVFP4WAG` spec itself
+      (its `act_scale`: "token" gives one scale per token); or None (weight-only).
     lora: `models.Lora` adapters applied over the (possibly low-bit) served base, as the learner
       computes π in LoRA-only training (QeRL: frozen NVFP4 base + float adapters), or None.
     predecode: decode the served QArrays once per call, before the decode loop (`kernels.predecode_params`), instead

@@ -29,7 +29,7 @@ def as_rules(rules_or_spec) -> quant.QuantRules | None:
   """A `QuantRules`, a spec (-> `QuantRules.default(spec)`), or None (no quantization)."""
   if rules_or_spec is None or isinstance(rules_or_spec, quant.QuantRules):
     return rules_or_spec
-  if isinstance(rules_or_spec, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4)):
+  if isinstance(rules_or_spec, (quant.Int4, quant.FP8, quant.MXFP8, quant.NVFP4, quant.NVFP4WAG)):
     return quant.QuantRules.default(rules_or_spec)
   raise ValueError(f"serve_params expects QuantRules, a quantization spec or None; got {rules_or_spec!r}")
 
