@@ -91,7 +91,8 @@ def assert_update_close(params_a, opt_a, params_b, opt_b, *, grad_rtol=1e-5, lr=
   u = lr · g / (|g| + ε) (bias-corrected m̂ = g, √v̂ = |g|; g = μ / (1 − b1), clipped), and |du/dg| = lr · ε / (|g| + ε)²,
   so with g known to ±δ an element may move by lr · min(2, ε · δ / ((|g| − δ)₊ + ε)²) more or less: up to 2 lr
   where |g| is within δ of 0 (there Adam turns reordering noise into a full step), about nothing where |g| >> δ.
-  Plus f32 roundings: of p + u (ulps of |p|) and of u's own few operations (ulps of lr). `lr`, `b1`, `eps`: the config's (LearnerConfig defaults but lr).
+  Plus f32 roundings: of p + u (ulps of |p|) and of u's own few operations (ulps of lr).
+  `lr`, `b1`, `eps`: the config's (LearnerConfig's defaults but lr).
   """
   mu_a, mu_b = first_moment(opt_a), first_moment(opt_b)
   scale = max(float(np.max(np.abs(x))) for x in jax.tree_util.tree_leaves(mu_a))
