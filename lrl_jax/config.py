@@ -132,6 +132,9 @@ class QuantSection(Schema):
   int4_zero_point: bool = False  # int4_scheme=learned: learn a zero point per group too (LSQ+)
   fp8_granularity: Literal["channel", "block"] = "channel"  # FP8 weight scale per output channel or per fp8_block² tile
   fp8_block: int = 128  # FP8 tile edge when fp8_granularity is block
+  wag_rht: bool = True  # nvfp4_wag: random Hadamard transform of the wgrad operands (the recipe; false: ablation)
+  wag_sr: bool = True  # nvfp4_wag: stochastic rounding of the gradient dy (the recipe; false: round to nearest)
+  wag_act_scale: Literal["tensor", "token"] = "tensor"  # nvfp4_wag: activations' FP32 scale per tensor (recipe) / token
   act: Literal["none", "fp8", "nvfp4"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token E4M3;
   # nvfp4 = 1x16 E2M1 blocks along K (W4A4, with quant.sampler=nvfp4)
   targets: str = quant.DEFAULT_TARGETS  # regex on the '/'-joined paths of the quantized kernels (learner and sampler)
@@ -170,7 +173,7 @@ class QuantSection(Schema):
       "fp8": lambda: quant.FP8(granularity=self.fp8_granularity, block=self.fp8_block),
       "nvfp4": quant.NVFP4,
       "mxfp8": quant.MXFP8,
-      "nvfp4_wag": quant.NVFP4WAG,  # learner only: NVFP4 weights, activations and gradients (quant.nvfp4_wag_matmul)
+      "nvfp4_wag": lambda: quant.NVFP4WAG(rht=self.wag_rht, sr=self.wag_sr, act_scale=self.wag_act_scale),
     }[fmt]()
 
   @property
@@ -187,6 +190,8 @@ class QuantSection(Schema):
   @property
   def act_spec(self):
     """Spec of the sampler's activations (per-token FP8, or NVFP4 1x16 along K), or None."""
+    if self.act == "nvfp4" and self.learner == "nvfp4_wag":
+      return self.learner_spec  # the W/A/G forward's own activations (its act_scale: per tensor or per token)
     return {"fp8": quant.FP8(granularity="token"), "nvfp4": quant.NVFP4()}.get(self.act)
 
   def rules(self, spec):
