@@ -334,7 +334,11 @@ def test_config_names_the_spec():
   from lrl_jax.config import QuantSection
 
   q = QuantSection(learner="nvfp4_wag", sampler="nvfp4", act="nvfp4")
-  assert q.learner_spec == quant.NVFP4WAG() and q.sampler_spec == quant.NVFP4WAG() and q.act_spec == quant.NVFP4()
+  assert q.learner_spec == quant.NVFP4WAG() and q.sampler_spec == quant.NVFP4WAG()
+  assert q.act_spec == quant.NVFP4WAG()  # W4A4 rollouts quantize activations as the W/A/G forward does
+  tok = QuantSection(learner="nvfp4_wag", sampler="nvfp4", act="nvfp4", wag_act_scale="token", wag_sr=False)
+  assert tok.act_spec == tok.learner_spec == quant.NVFP4WAG(sr=False, act_scale="token")
+  assert QuantSection(learner="nvfp4", sampler="nvfp4", act="nvfp4").act_spec == quant.NVFP4()  # plain W4A4
   assert L.LearnerConfig(qat=q.learner_spec).qat_rules.spec_for("layers/mlp/up_proj/kernel") == quant.NVFP4WAG()
   with pytest.raises(Exception, match="nvfp4"):
     QuantSection(learner="nvfp4_wag", sampler="int4")
