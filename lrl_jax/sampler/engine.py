@@ -107,7 +107,7 @@ def _start(
     "pos0": jnp.zeros((S,), jnp.int32),  # RoPE position of its token 0 (its prompt's valid length)
     "next": jnp.zeros((), jnp.int32),  # the next request to admit
     "j": jnp.zeros((), jnp.int32),  # decode iterations so far (the ring column: P + j mod N)
-    "tok": jnp.full((R, N), sampling.pad_id, jnp.int32),
+    "tok": jnp.full((R, N), sampling.pad_id or 0, jnp.int32),
     "lp": jnp.zeros((R, N), jnp.float32),
     "mask": jnp.zeros((R, N), bool),
   }
@@ -225,7 +225,7 @@ def _phase(params, state, bank, first, keys_R, *, cfg: ModelConfig, sampling, ac
     r = jnp.maximum(s["req"], 0)
     tok, lp = sample_tokens(logits, _step_keys(keys_R[r], t), sampling)
     out_r = jnp.where(live, s["req"], R)
-    tok = jnp.where(live, tok, sampling.pad_id)
+    tok = jnp.where(live, tok, sampling.pad_id or 0)
     return dict(
       s,
       cache=cache,

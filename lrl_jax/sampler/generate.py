@@ -74,7 +74,7 @@ def _generate(
 
   step_keys = lambda t: jax.vmap(lambda k: jax.random.fold_in(k, t))(keys_B)
   tok_B, lp_B = sample_tokens(logits_BV, step_keys(0), sampling)
-  toks_BN = jnp.full((B, N), sampling.pad_id, jnp.int32).at[:, 0].set(tok_B)
+  toks_BN = jnp.full((B, N), sampling.pad_id or 0, jnp.int32).at[:, 0].set(tok_B)
   lps_BN = jnp.zeros((B, N), jnp.float32).at[:, 0].set(lp_B)
   mask_BN = jnp.zeros((B, N), bool).at[:, 0].set(True)
   limits_B = jnp.full((B,), N, jnp.int32) if limits_B is None else limits_B
@@ -99,7 +99,7 @@ def _generate(
     logits_BV = logits_from_hidden(params, h[:, 0], cfg)
     tok_B, lp_B = sample_tokens(logits_BV, step_keys(t), sampling)
     active_B = ~done_B
-    tok_B = jnp.where(active_B, tok_B, sampling.pad_id)
+    tok_B = jnp.where(active_B, tok_B, sampling.pad_id or 0)
     toks_BN = lax.dynamic_update_slice(toks_BN, tok_B[:, None], (0, t))
     lps_BN = lax.dynamic_update_slice(lps_BN, jnp.where(active_B, lp_B, 0.0)[:, None], (0, t))
     mask_BN = lax.dynamic_update_slice(mask_BN, active_B[:, None], (0, t))
