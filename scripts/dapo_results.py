@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm2_results import paired_bootstrap  # noqa: E402  (the same statistics as the SmolLM2 report)
+from smollm2_results import _correct, paired_bootstrap  # noqa: E402  (the same statistics as the SmolLM2 report)
 
 from lrl_jax.config import load_config  # noqa: E402
 from lrl_jax.rl.loop import train  # noqa: E402
@@ -36,11 +36,6 @@ from lrl_jax.rl.metrics import read_metrics  # noqa: E402
 
 CONFIG = "configs/dapo_quickstart.yaml"
 ARMS = {"off": "dapo.dynamic_sampling=false", "on": "dapo.dynamic_sampling=true"}
-
-
-def _correct(path: Path) -> np.ndarray:
-  rows = [json.loads(x) for x in path.read_text().splitlines()]
-  return np.asarray([r["reward"] >= 1.0 for r in rows if r["set"] == ""], np.float64)
 
 
 def run(arm: str, seed: int, args) -> Path:

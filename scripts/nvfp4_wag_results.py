@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm2_results import paired_bootstrap  # noqa: E402  (the same statistics as the SmolLM2 report)
+from smollm2_results import _correct, paired_bootstrap  # noqa: E402  (the same statistics as the SmolLM2 report)
 
 from lrl_jax.config import load_config  # noqa: E402
 from lrl_jax.rl.loop import train  # noqa: E402
@@ -39,11 +39,6 @@ ARMS = {  # arm -> overrides
   "wag_norht": ["quant.learner=nvfp4_wag", "quant.sampler=nvfp4", "quant.act=nvfp4", "quant.wag_rht=false"],
   "wag_nosr": ["quant.learner=nvfp4_wag", "quant.sampler=nvfp4", "quant.act=nvfp4", "quant.wag_sr=false"],
 }
-
-
-def _correct(path: Path) -> np.ndarray:
-  rows = [json.loads(x) for x in path.read_text().splitlines()]
-  return np.asarray([r["reward"] >= 1.0 for r in rows if r["set"] == ""], np.float64)
 
 
 def run(arm: str, seed: int, args) -> Path:
