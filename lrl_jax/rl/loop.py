@@ -379,8 +379,8 @@ def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, ste
     return rolls[0], all_rewards, stats, rec
   signal = dapo.groups_with_signal(all_rewards, G)
   order = np.concatenate([np.nonzero(signal)[0], np.nonzero(~signal)[0]])[:B]  # with signal first, in sampled order
-  roll = dapo.take_groups(dapo.concat_rollouts(rolls), np.sort(order), G)
-  rows = (np.sort(order)[:, None] * G + np.arange(G)[None, :]).reshape(-1)
+  picked = np.sort(order)
+  roll = dapo.take_groups(dapo.concat_rollouts(rolls), picked, G)
   rec.update(
     {
       "sampling/rounds": len(rolls),
@@ -388,7 +388,7 @@ def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, ste
       "sampling/filled_groups": int(max(B - int(signal.sum()), 0)),
     }
   )
-  return roll, all_rewards[rows], stats, rec
+  return roll, all_rewards.reshape(-1, G)[picked].reshape(-1), stats, rec
 
 
 def _shape(roll, rewards, setup: Setup, cfg) -> tuple[np.ndarray, dict, np.ndarray | None]:
