@@ -79,20 +79,18 @@ def test_state_bytes_are_smaller():
   assert nbytes(f32) / nbytes(q8) > 2.6
 
 
-def test_fp8_state_trains_shards_and_checkpoints(tmp_path):
-  """A learner step with 8-bit moments on a (2, 2, 2) mesh (block scales replicated where a mesh axis does not divide
-  them) equals the single-device step to f32 reordering, and the state survives an orbax round trip bit for bit."""
+def _fp8_step():
   mc = tiny_cfg()
   cfg = L.LearnerConfig(lr=1e-3, compute_dtype="float32", opt_state_dtype="fp8", opt_state_block=16)
   st = L.create_train_state(jax.random.PRNGKey(0), mc, cfg)
   batch = make_batch(0, mc, st.params)
   one, m1 = L.train_step(st, batch, model_cfg=mc, cfg=cfg)
-  mesh = L.make_mesh(data=2, fsdp=2, tensor=2)
-  st_m = L.create_train_state(jax.random.PRNGKey(0), mc, cfg, mesh=mesh)
-  sharded, m8 = L.train_step(st_m, L.shard_batch(batch, mesh), model_cfg=mc, cfg=cfg, mesh=mesh)
-  assert float(m8["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-5)
-  for a, b in zip(jax.tree_util.tree_leaves(one.params), jax.tree_util.tree_leaves(sharded.params)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)  # ≤ 2·lr·(f32 reordering / ε) as in make_batch
+  return mc, cfg, batch, one, m1
+
+
+def test_fp8_state_checkpoints_bit_for_bit(tmp_path):
+  """The state after a learner step with 8-bit moments survives an orbax round trip bit for bit."""
+  *_, one, _ = _fp8_step()
   ck = L.Checkpointer(tmp_path / "ck", save_every=1)
   ck.save(one)
   ck.wait()
@@ -101,6 +99,19 @@ def test_fp8_state_trains_shards_and_checkpoints(tmp_path):
   for a, b in zip(jax.tree_util.tree_leaves(one.opt_state), jax.tree_util.tree_leaves(back.opt_state)):
     assert a.dtype == b.dtype
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+@pytest.mark.slow  # an 8-device compile (~25 s here): `make test-slow`
+def test_fp8_state_shards():
+  """A learner step with 8-bit moments on a (2, 2, 2) mesh (block scales replicated where a mesh axis does not divide
+  them) equals the single-device step to f32 reordering."""
+  mc, cfg, batch, one, m1 = _fp8_step()
+  mesh = L.make_mesh(data=2, fsdp=2, tensor=2)
+  st_m = L.create_train_state(jax.random.PRNGKey(0), mc, cfg, mesh=mesh)
+  sharded, m8 = L.train_step(st_m, L.shard_batch(batch, mesh), model_cfg=mc, cfg=cfg, mesh=mesh)
+  assert float(m8["loss"]) == pytest.approx(float(m1["loss"]), rel=1e-5)
+  for a, b in zip(jax.tree_util.tree_leaves(one.params), jax.tree_util.tree_leaves(sharded.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)  # ≤ 2·lr·(f32 reordering / ε) as in make_batch
 
 
 def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():

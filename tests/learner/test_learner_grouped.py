@@ -58,28 +58,36 @@ def test_grouped_logprobs_equal_full_forward(rollout):
   assert np.all(got[~m & (np.arange(P + N) >= P)] == 0)  # after EOS: no token, no score
 
 
-def test_grouped_step_equals_ungrouped(rollout):
-  """One update with the prompt shared (whole groups per micro-batch, M = 1 and 3), with chunked logits and with
-  each remat policy == without sharing, chunking or remat (M = 1), to f32 reordering (assert_update_close's stated
-  tolerances): remat recomputes the same operations, chunking splits one matmul into smaller ones."""
+_VARIANTS = [
+  dict(micro_batches=1),
+  dict(micro_batches=3),
+  dict(logit_chunk=5, remat="full"),
+  pytest.param(dict(remat="dots"), marks=pytest.mark.slow),  # a compile each (~10 s): `make test-slow`
+  pytest.param(dict(remat="dots_no_batch", micro_batches=3), marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module")
+def ungrouped_update(rollout):
   params, r = rollout
   ref_cfg = F32.replace(share_prompt=False)
   state = L.create_train_state(jax.random.PRNGKey(0), MC, ref_cfg, params=params)
   new, m_ref = L.train_step(state, r, model_cfg=MC, cfg=ref_cfg)
-  ref = host(new.params), host(new.opt_state)
-  variants = [
-    dict(micro_batches=1),
-    dict(micro_batches=3),
-    dict(logit_chunk=5, remat="full"),
-    dict(remat="dots"),
-    dict(remat="dots_no_batch", micro_batches=3),
-  ]
-  for kw in variants:
-    cfg = F32.replace(**kw)
-    state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, params=params)
-    new, m = L.train_step(state, r, model_cfg=MC, cfg=cfg)
-    assert_update_close(host(new.params), host(new.opt_state), *ref)
-    np.testing.assert_allclose(float(m["loss"]), float(m_ref["loss"]), rtol=1e-5)
+  return host(new.params), host(new.opt_state), float(m_ref["loss"])
+
+
+@pytest.mark.parametrize("kw", _VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_grouped_step_equals_ungrouped(rollout, ungrouped_update, kw):
+  """One update with the prompt shared (whole groups per micro-batch, M = 1 and 3), with chunked logits and with
+  each remat policy == without sharing, chunking or remat (M = 1), to f32 reordering (assert_update_close's stated
+  tolerances): remat recomputes the same operations, chunking splits one matmul into smaller ones."""
+  params, r = rollout
+  *ref, loss_ref = ungrouped_update
+  cfg = F32.replace(**kw)
+  state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, params=params)
+  new, m = L.train_step(state, r, model_cfg=MC, cfg=cfg)
+  assert_update_close(host(new.params), host(new.opt_state), *ref)
+  np.testing.assert_allclose(float(m["loss"]), loss_ref, rtol=1e-5)
 
 
 def test_learner_temperature_and_completion_logits(rollout):

@@ -60,21 +60,43 @@ def _assert_same_requests(got, want, err, rows=slice(None)):
   assert_within(np.where(gm, got.sampler_logp, 0.0), np.where(gm, np.asarray(want.sampler_logp)[rows], 0.0), err)
 
 
-def test_every_request_is_the_same_whatever_its_slot_arrival_company_or_limit(params):
-  """6 requests (3 prompts x G = 2) through 1, 4 or 6 slots, prefixes shared; the same rows given as repeated
-  prompts; the prompts in reverse order; one group alone; per-row limits: each == the static batch's request."""
+@pytest.fixture
+def static_sampled(params):
+  """The static batch's 6 requests (sampled) and each token's μ bound."""
   key = jax.random.key(1)
-  keys = sampler.row_keys(key, R)
   want = _run(params, SAMPLED, key, group_size=G)
   b = draw_logprob_bound(params, want, SAMPLED, N)
   assert_draws_are_stable(b, want, SAMPLED, key, N)
-  err = 2 * drawn_err(b, want, N)
+  return key, want, 2 * drawn_err(b, want, N)
 
-  for slots in (1, 4):  # one request at a time; 4 slots for 6 requests (4 at first, 2 as slots free)
-    got = _run(params, SAMPLED, key, group_size=G, slots=slots)
-    assert got.group_size == G and got.size == R
-    _assert_same_requests(got, want, err)
+
+def test_every_request_is_the_same_whatever_its_slot_arrival_or_limit(params, static_sampled):
+  """6 requests (3 prompts x G = 2) through 4 slots, prefixes shared (4 at first, 2 as slots free), with and without
+  per-row limits: each == the static batch's request."""
+  key, want, err = static_sampled
+  got = _run(params, SAMPLED, key, group_size=G, slots=4)
+  assert got.group_size == G and got.size == R
+  _assert_same_requests(got, want, err)
   np.testing.assert_array_equal(got.loss_mask, want.loss_mask)  # no limits: every request ends where it did
+
+  lim = np.array([2, 8, 1, 5, 3, 7])
+  cut = _run(params, SAMPLED, key, group_size=G, slots=4, limits=lim)
+  np.testing.assert_array_equal(cut.lengths, np.minimum(want.lengths, lim))  # each row stops at its EOS or its limit
+  gen = np.asarray(cut.tokens)[:, P:]
+  assert (gen[~np.asarray(cut.loss_mask)[:, P:]] == 0).all()  # pad after
+  _assert_same_requests(cut, want, err)
+  np.testing.assert_array_equal(np.asarray(cut.valid)[:, :P], np.repeat(VALID, G, 0))
+
+
+@pytest.mark.slow  # four more engine shapes to compile (~35 s here): `make test-slow`
+def test_every_request_is_the_same_whatever_its_company(params, static_sampled):
+  """The same 6 requests through 1 slot; given as repeated prompts through 6 slots; the prompts in reverse order;
+  one group alone: each == the static batch's request."""
+  key, want, err = static_sampled
+  keys = sampler.row_keys(key, R)
+  one = _run(params, SAMPLED, key, group_size=G, slots=1)  # one request at a time
+  _assert_same_requests(one, want, err)
+  np.testing.assert_array_equal(one.loss_mask, want.loss_mask)
 
   # R prefills, R slots: every request admitted at once (one select, not row copies)
   rep = _run(params, SAMPLED, keys, np.repeat(TOKS, G, 0), np.repeat(VALID, G, 0), slots=R)
@@ -88,14 +110,6 @@ def test_every_request_is_the_same_whatever_its_slot_arrival_company_or_limit(pa
 
   alone = _run(params, SAMPLED, keys[2:4], TOKS[1:2], VALID[1:2], group_size=G, slots=1)
   _assert_same_requests(alone, want, err[2:4], slice(2, 4))
-
-  lim = np.array([2, 8, 1, 5, 3, 7])
-  cut = _run(params, SAMPLED, key, group_size=G, slots=4, limits=lim)
-  np.testing.assert_array_equal(cut.lengths, np.minimum(want.lengths, lim))  # each row stops at its EOS or its limit
-  gen = np.asarray(cut.tokens)[:, P:]
-  assert (gen[~np.asarray(cut.loss_mask)[:, P:]] == 0).all()  # pad after
-  _assert_same_requests(cut, want, err)
-  np.testing.assert_array_equal(np.asarray(cut.valid)[:, :P], np.repeat(VALID, G, 0))
 
 
 def test_int4_served_engine_rollouts_equal_the_static_batch_and_the_learner_scores_them(params):
