@@ -5,9 +5,11 @@ lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1
   nothing runs, nothing is allocated) and its matmul flops (`matmul_flops`, from the shapes), for the baseline (f32
   Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
   then all.
-lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3]
+lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--before]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
-  process (median of `repeats`, compile excluded), their ratio; the AOT `cost_analysis()` bytes accessed ratio
+  process (median of `repeats`, timed round-robin, compile excluded), their ratio (`--before`: also each step with
+  its kernels fake-quantized at every matmul, as the learner did before it hoisted that out of the layer scan; its
+  bf16 row is the same step again, a control for the noise); the AOT `cost_analysis()` bytes accessed ratio
   QAT / bf16 (the proxy where no accelerator runs it); the weight sync (`rl.sync`) as a fraction of the step.
 lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
@@ -18,6 +20,7 @@ lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -30,6 +33,7 @@ from lrl_jax import models, quant
 from lrl_jax.learner.config import LearnerConfig
 from lrl_jax.learner.state import create_train_state
 from lrl_jax.learner.step import train_step
+from lrl_jax.models import decoder
 from lrl_jax.rollout import Rollout
 
 __all__ = ["MODELS", "abstract_rollout", "step_memory", "matmul_flops", "main"]
@@ -173,6 +177,35 @@ def _time_steps(mc, cfg: LearnerConfig, roll: Rollout, repeats: int, params) -> 
   return float(np.median(times))
 
 
+@contextlib.contextmanager
+def _per_matmul_operands():
+  """Traces the decoder with its layer kernels fake-quantized at every matmul inside the layer scan (the learner
+  before `decoder._hoist_operands`), for the before / after rows."""
+  keep = decoder._hoist_operands
+  decoder._hoist_operands = lambda params, specs, dtype: (params, specs)
+  try:
+    yield
+  finally:
+    decoder._hoist_operands = keep
+
+
+def _interleaved(runs: dict, roll: Rollout, repeats: int) -> dict[str, float]:
+  """Median seconds per step of each compiled step in `runs` ({label: (compiled, state)}), timed round-robin (one
+  step of each per round) so that a drift in the machine's speed reaches every row alike."""
+  times = {k: [] for k in runs}
+  states = {}
+  for k, (c, st) in runs.items():  # a first step each, untimed
+    states[k], m = c(st, roll)
+    jax.block_until_ready(m)
+  for _ in range(repeats):
+    for k, (c, _) in runs.items():
+      t = time.perf_counter()
+      states[k], m = c(states[k], roll)
+      jax.block_until_ready(m)
+      times[k].append(time.perf_counter() - t)
+  return {k: float(np.median(v)) for k, v in times.items()}
+
+
 QAT_FORMATS = {"int4 g64": quant.Int4(group_size=64), "nvfp4": quant.NVFP4(), "fp8": quant.FP8()}
 
 
@@ -185,19 +218,29 @@ def qat(args) -> int:
   print(
     f"SmolLM2-135M shapes (random weights), GRPO step on {args.batch} x {args.seq} tokens (prompt {args.prompt}, "
     f"groups of {args.group}), bf16 compute, {jax.default_backend()}, {os.cpu_count()} cores; median of "
-    f"{args.repeats}, compile excluded",
+    f"{args.repeats}, steps timed round-robin, compile excluded",
     flush=True,
   )
   base_cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
-  t_base = _time_steps(mc, base_cfg, roll, args.repeats, params)
-  cost_base = step_memory(mc, base_cfg, roll)
-  print("\n| learner | step s | vs bf16 | AOT bytes accessed vs bf16 | sync s | sync / (step + sync) |")
-  print("|---|---|---|---|---|---|")
-  print(f"| bf16 | {t_base:.2f} | 1.00x | 1.00x | | |", flush=True)
+  arms = {"bf16": base_cfg, **{f"{n} QAT": base_cfg.replace(qat=s) for n, s in QAT_FORMATS.items()}}
+  runs, cost = {}, {}
+  variants = [(False, "")] + ([(True, " (per matmul, before)")] if args.before else [])
+  for per_matmul, suffix in variants:
+    for name, cfg in arms.items():
+      state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
+      if per_matmul:
+        jax.clear_caches()  # trace anew: the hoisted variant's trace of the same arguments is cached
+        with _per_matmul_operands():
+          c = train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile()
+        jax.clear_caches()
+      else:
+        c = train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile()
+      ca = c.cost_analysis()
+      cost[name + suffix] = float((ca[0] if isinstance(ca, (list, tuple)) else ca).get("bytes accessed", float("nan")))
+      runs[name + suffix] = (c, state)
+  t = _interleaved(runs, roll, args.repeats)
+  syncs = {}
   for name, spec in QAT_FORMATS.items():
-    cfg = base_cfg.replace(qat=spec)
-    t = _time_steps(mc, cfg, roll, args.repeats, params)
-    cost = step_memory(mc, cfg, roll)
     spec_sync = SyncSpec(rules=quant.QuantRules.default(spec), dtype=jnp.bfloat16)
     jax.block_until_ready(sync(params, spec_sync))
     ts = []
@@ -205,10 +248,16 @@ def qat(args) -> int:
       t0 = time.perf_counter()
       jax.block_until_ready(sync(params, spec_sync))
       ts.append(time.perf_counter() - t0)
-    t_sync = float(np.median(ts))
+    syncs[f"{name} QAT"] = float(np.median(ts))
+  print("\n| learner | step s | vs bf16 | AOT bytes accessed vs bf16 | sync s | sync / (step + sync) |")
+  print("|---|---|---|---|---|---|")
+  for label in runs:
+    base = "bf16" + label[len(label.split(" (")[0]) :] if " (" in label else "bf16"
+    arm = label.split(" (")[0]
+    sync_s = syncs.get(arm)
+    sync_cols = "| |" if sync_s is None else f"| {sync_s:.2f} | {100 * sync_s / (t[label] + sync_s):.1f}% |"
     print(
-      f"| {name} QAT | {t:.2f} | {t / t_base:.2f}x | {cost['bytes_accessed'] / cost_base['bytes_accessed']:.2f}x | "
-      f"{t_sync:.2f} | {100 * t_sync / (t + t_sync):.1f}% |",
+      f"| {label} | {t[label]:.2f} | {t[label] / t[base]:.2f}x | {cost[label] / cost[base]:.2f}x {sync_cols}",
       flush=True,
     )
   return 0
@@ -321,6 +370,11 @@ def main(argv=None) -> int:
   ap.add_argument("--prompt", type=int, default=None, help="prompt slots (memory: 256; qat / torch: 48)")
   ap.add_argument("--group", type=int, default=8, help="completions per prompt (the learner runs a prompt once)")
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument(
+    "--before",
+    action="store_true",
+    help="qat: also the steps with the kernels fake-quantized at every matmul (the learner before it hoisted that)",
+  )
   ap.add_argument(
     "--only",
     nargs="+",

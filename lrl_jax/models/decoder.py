@@ -360,7 +360,9 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
   (AQT for INT4 / FP8, `fake_quant` for MXFP8; a barrier there keeps XLA from fusing the
   dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`). NVFP4
   computes the sampler's dot, `quant.qdot` (its per-matrix scale after the K sum): the QAT forward equals
-  the forward on the served QArrays, and the one on `fake_quant_params` up to rounding ŵ to x.dtype.
+  the forward on the served QArrays, and the one on `fake_quant_params` up to rounding ŵ to x.dtype. (A forward
+  fake-quantizes the kernels its QAT selects once, before the layer scan, where it can: `_hoist_operands`; they
+  reach here as `kernels.Predecoded`, the same operand and the same dot.)
   act_spec: FP8(granularity="token") fake-quantizes x per token first (W8A8); NVFP4() quantizes it 1x16 along K
     (W4A4 on served NVFP4 weights: `_act_quant`, the XLA dot `quant.qdot`, then the activations' dec); or None.
   qparams: (scale, zero point or None) of a learned INT4 spec (`kernel_scale` / `kernel_zero`).
@@ -369,6 +371,8 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
     or a plain dot where the layer is off (`QuantRules.keep_last_layers`).
   """
   if isinstance(w, kernels.Predecoded):  # a served weight decoded once (`kernels.predecode`): the same dot
+    if w.w.dtype != x.dtype:  # the learner's QAT operand, held in its masters' dtype (`_qat_operand`): exact
+      w = dataclasses.replace(w, w=w.w.astype(x.dtype))
     x, post = _act_quant(x, act_spec)
     return _post(kernels.predecoded_dot(x, w), post, x.dtype)
   if isinstance(w, quant.QArray):
@@ -527,6 +531,63 @@ def _qat_specs(qat_rules, params, act_spec=None, key=None) -> dict:
   return out
 
 
+def _hoistable(spec) -> bool:
+  """A weight spec whose QAT operand is the same for every matmul of a forward: a fake quant, not learned."""
+  if isinstance(spec, quant.Int4):
+    return not spec.learned
+  return isinstance(spec, (quant.FP8, quant.MXFP8, quant.NVFP4))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _qat_operand(w, spec):
+  """The QAT operand of a stacked kernel w [.., K, N] in the compute dtype, as a `kernels.Predecoded`: ŵ =
+  dequantize(quantize(w, spec, axis=-2), w.dtype) (NVFP4: e2m1 · s_b, its per-matrix `dec` applied after the K sum),
+  the operand `quant.dot_general_for(spec)` and the sampler's predecoded path dot with: computed by Google AQT
+  where `dot_general_for` uses it (absmax INT4, FP8), else by `quant.quantize`. Straight-through."""
+  if isinstance(spec, quant.FP8) or (isinstance(spec, quant.Int4) and spec.scheme == "absmax"):
+    return kernels.Predecoded(w=lax.optimization_barrier(quant.aqt_fake_quant(w, spec, axis=-2)), dec=None, axis=-2)
+  q = lax.optimization_barrier(quant.quantize(w, spec, axis=-2))
+  return kernels.predecode(q, w.dtype)
+
+
+def _qat_operand_fwd(w, spec):
+  p = _qat_operand(w, spec)
+  return p, p.dec
+
+
+def _qat_operand_bwd(spec, dec, g):
+  # Straight-through to ŵ: for NVFP4 ŵ = w_b · dec, so dL/dŵ = dL/dw_b / dec (dec's own cotangent is dropped:
+  # the scales are not differentiated, as in every other QAT path here).
+  if dec is None:
+    return (g.w,)
+  return ((g.w.astype(jnp.float32) / dec.reshape(dec.shape + (1, 1))).astype(g.w.dtype),)
+
+
+_qat_operand.defvjp(_qat_operand_fwd, _qat_operand_bwd)
+
+
+def _hoist_operands(params, specs: dict, dtype):
+  """(params, specs) with each float layer kernel that QAT selects fake-quantized once for the whole forward, outside
+  the layer scan (a `kernels.Predecoded` of the stacked [L, K, N] kernel cast to the compute dtype, `_qat_operand`),
+  instead of at every matmul inside it: the grouped forward runs two matmuls per kernel and layer, and NVFP4's
+  backward quantized once more. The same operand and the same dot as `quant.dot_general_for(spec)`, so the forward's
+  numbers do not change (tested bit for bit). The gradients of a kernel's matmuls within one forward now add in the
+  compute dtype, on the operand, before reaching the f32 master (as a cached autocast weight's do in torch): one
+  more rounding (2^-9 relative in bf16) where a forward uses a kernel twice (the grouped forward's prompt and
+  completions). Kept per matmul: QAT fading in (`qat_alpha`), learned scales, NVFP4 W/A/G, quantized activations."""
+  if "alpha" in specs or "act" in specs or "key" in specs:
+    return params, specs
+  layers = jax.tree_util.tree_map(lambda x: x, params["layers"], is_leaf=lambda x: not isinstance(x, dict))
+  specs = dict(specs)
+  for name in _LAYER_KERNELS:
+    group, proj = name.split("/")
+    w, spec = layers[group][proj]["kernel"], specs.get(name)
+    if spec is None or not _hoistable(spec) or isinstance(w, (quant.QArray, kernels.Predecoded)):
+      continue
+    layers[group][proj] = dict(layers[group][proj], kernel=_qat_operand(w.astype(dtype), specs.pop(name)))
+  return dict(params, layers=layers), specs
+
+
 def _layer_specs(specs: dict, i, num_layers: int, part: int = 0) -> dict:
   """The specs of layer i of the scan: NVFP4WAG's key folded with (i, part) and 'on' = i < L − keep_last."""
   if "key" not in specs:
@@ -675,6 +736,7 @@ def forward_hidden(
   specs = _qat_specs(qat_rules, params, act_spec, numerics.key)
   if qat_alpha is not None and qat_rules is not None:
     specs["alpha"] = jnp.asarray(qat_alpha, jnp.float32)
+  params, specs = _hoist_operands(params, specs, dt)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
 
   x = jnp.take(params["embed"]["embedding"], tokens_BT, axis=0, mode="clip").astype(dt)
@@ -781,6 +843,7 @@ def forward_hidden_grouped(
   specs = _qat_specs(numerics.qat_rules, params, numerics.act_spec, numerics.key)
   if numerics.qat_alpha is not None and numerics.qat_rules is not None:
     specs["alpha"] = jnp.asarray(numerics.qat_alpha, jnp.float32)
+  params, specs = _hoist_operands(params, specs, dt)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
 
   first = lambda x: x[::G, :P]  # the prompt of each group: its first row's slots [0, P)

@@ -384,3 +384,53 @@ def test_to_hf_is_read_by_transformers():
     cfg = tiny_cfg(arch)
     hc = transformers.AutoConfig.for_model(**cfg.to_hf())
     assert ModelConfig.from_hf(hc.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+  "spec",
+  [quant.Int4(group_size=32), quant.Int4(group_size=32, scheme="minmax"), quant.FP8(), quant.NVFP4()],
+  ids=lambda s: s.name + ("_minmax" if getattr(s, "scheme", "") == "minmax" else ""),
+)
+def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
+  """QAT fake-quantizes each stacked layer kernel once per forward, outside the layer scan
+  (`decoder._hoist_operands`): its hidden states equal the per-matmul path's bit for bit (the same operand, the same
+  dot) in the plain and the grouped forward. Straight-through gradients to the f32 masters, INT4 / FP8 in bf16: with
+  one matmul per kernel (the plain forward) bit for bit; with two (the grouped forward's prompt and completions) the
+  two bf16 gradients now add in bf16 on the operand, where they added in f32 on the master: the master's gradient is
+  the old one rounded to bf16, exactly (two bf16 values add exactly in f32), and every other leaf is unchanged.
+  NVFP4's backward changed: the per-matmul one multiplied by ŵ = e2m1 · s_b · dec rounded to the compute dtype, the
+  operand's multiplies by e2m1 · s_b exactly and by dec in f32 (the forward's own factors). In bf16 the two differ by
+  those roundings compounded through the layers (about 1% norm-wise); in f32, checked here, by f32 roundings only
+  (2^-24 per operation, a few hundred along any path): 2^-16 norm-wise is far above that."""
+  from lrl_jax.models import decoder  # noqa: PLC0415
+
+  nvfp4 = isinstance(spec, quant.NVFP4)
+  cfg = tiny_cfg("qwen2", dtype="float32" if nvfp4 else "bfloat16")
+  params = random_params(cfg, seed=21)
+  num = models.Numerics(qat_rules=quant.QuantRules.default(spec))
+  rng = np.random.default_rng(22)
+  tokens = np.repeat(rng.integers(0, cfg.vocab_size, (2, 8)), 2, axis=0)
+  tokens[:, 5:] = rng.integers(0, cfg.vocab_size, (4, 3))
+  sq = lambda a: jnp.sum(a.astype(jnp.float32) ** 2)  # noqa: E731
+
+  def run():
+    plain = lambda p: (lambda h: (sq(h), h))(models.forward_hidden(p, tokens, cfg, numerics=num)[0])  # noqa: E731
+    grouped = lambda p: (  # noqa: E731
+      lambda h: (sq(h), h)
+    )(models.forward_hidden_grouped(p, tokens, cfg, group_size=2, prompt_len=5, numerics=num)[0])
+    out = [jax.jit(jax.value_and_grad(f, has_aux=True))(params) for f in (plain, grouped)]
+    return [jax.tree_util.tree_map(np.asarray, (h, g)) for (_, h), g in out]
+
+  hoisted = run()
+  monkeypatch.setattr(decoder, "_hoist_operands", lambda p, s, dt: (p, s))
+  per_matmul = run()
+  for (h_a, g_a), (h_b, g_b), two_uses in zip(hoisted, per_matmul, (False, True)):
+    np.testing.assert_array_equal(h_a, h_b)
+    for (kp, a), b in zip(jax.tree_util.tree_leaves_with_path(g_a), jax.tree_util.tree_leaves(g_b)):
+      path = quant.path_str(kp)
+      if nvfp4:
+        assert np.linalg.norm(a - b) <= 2.0**-16 * np.linalg.norm(b), path
+      elif two_uses and path.startswith("layers/") and path.endswith("kernel"):
+        np.testing.assert_array_equal(a, b.astype(ml_dtypes.bfloat16).astype(np.float32), err_msg=path)
+      else:
+        np.testing.assert_array_equal(a, b, err_msg=path)
