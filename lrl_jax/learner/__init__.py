@@ -46,6 +46,7 @@ from lrl_jax.learner.step import (
   restarts_learned_scales,
   token_logprobs,
   train_step,
+  value_mask,
 )
 from lrl_jax.rollout import Rollout
 
@@ -79,6 +80,7 @@ __all__ = [
   "train_step",
   "group_advantages",
   "gae_targets",
+  "value_mask",
   "needs_old_logp",
   "logprobs",
   "logprobs_from_logits",

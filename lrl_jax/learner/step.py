@@ -66,6 +66,7 @@ __all__ = [
   "token_logprobs",
   "group_advantages",
   "gae_targets",
+  "value_mask",
   "needs_old_logp",
   "prepare_rollout",
   "train_step",
@@ -436,15 +437,35 @@ def group_advantages(rewards_B, cfg: LearnerConfig, *, group_size: int) -> jax.A
   return fn(jnp.asarray(rewards_B, jnp.float32), group_size=group_size)
 
 
+def _to_predictors(x_BT, valid_BT, mask_BT):
+  """(out, at) [B, T]: out[b, prev(t)] = x[b, t] for each loss token t (prev(t): the last valid slot before t, whose
+  hidden state predicts t), 0 elsewhere; `at` marks those slots. One slot per loss token (distinct tokens have
+  distinct predecessors), so `at` counts what the loss mask counts, row by row."""
+  mask = jnp.asarray(mask_BT).astype(bool)
+  prev, _ = _prev_next(jnp.asarray(valid_BT).astype(bool))
+  B, T = mask.shape
+  slot = jnp.where(mask & (prev >= 0), prev, T)  # T: dropped
+  rows = jnp.arange(B)[:, None]
+  out = jnp.zeros((B, T + 1), jnp.float32).at[rows, slot].set(jnp.where(mask, x_BT, 0.0))[:, :T]
+  at = jnp.zeros((B, T + 1), bool).at[rows, slot].set(mask)[:, :T]
+  return out, at
+
+
+def value_mask(valid_BT, mask_BT) -> jax.Array:
+  """bool [B, T]: the slots whose value-head output is trained (`gae_targets`): the predictor of each loss token."""
+  return _to_predictors(jnp.zeros(jnp.shape(mask_BT), jnp.float32), valid_BT, mask_BT)[1]
+
+
 def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> tuple[jax.Array, jax.Array]:
   """GAE advantages [B, T] and the critic's targets [B, T] for outcome rewards (Schulman et al. 2016).
 
   V(s_t), the value of the state in which token t is chosen, is the head's output at the position that predicts
-  t (the last valid slot before t). The outcome reward sits on the last generated token. The head at position t
-  is trained towards targets[t] = R_{t+1}, the GAE return of the next generated token (0 after the last one:
-  terminal), so the head at a position predicts the value of the state it predicts from. (The prompt's last
-  position, which predicts the first token, is outside the loss mask and gets no target.) Then QAE smoothing
-  (`vcfg.beta` < 1) and whitening over the batch.
+  t (the last valid slot before t). The outcome reward sits on the last generated token. R_t = A_t + V(s_t), the
+  GAE return of token t, is the target of that same head output: targets[prev(t)] = R_t (`value_mask` marks those
+  slots: the prompt's last slot, which predicts the first token, and each generated token but the last). The head
+  is thereby trained at exactly the slots GAE reads it at, V(s_0) included; the slot after the last token (a
+  terminal state, whose value GAE takes as 0) is not trained. Then QAE smoothing (`vcfg.beta` < 1) and whitening
+  over the batch.
 
   Args:
     values_BT: f32 [B, T] (or [B, T, K] quantile heads, averaged) head outputs per position.
@@ -467,8 +488,8 @@ def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> t
   if vcfg.beta < 1:
     adv = losses.smooth_advantages(adv, mask, beta=vcfg.beta)
   adv = losses.normalize_advantages(adv, mask)
-  targets = jnp.concatenate([ret[:, 1:] * mask[:, 1:], jnp.zeros((B, 1), jnp.float32)], axis=1)
-  return adv, jnp.where(mask, targets, 0.0)
+  targets, _ = _to_predictors(ret, valid_BT, mask)
+  return adv, targets
 
 
 def _mismatch(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:
@@ -633,7 +654,7 @@ def _micro_loss(
     vl, vm = losses.value_loss(
       v,
       mb.returns,
-      mask,
+      value_mask(mb.valid, mask),  # the predictor slot of each loss token (`gae_targets`)
       alpha=cfg.value.alpha,
       quantile_levels=cfg.value.quantile_levels,
       agg=cfg.agg,

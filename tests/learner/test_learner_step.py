@@ -251,8 +251,14 @@ def test_value_head_trains_on_returns_only_and_acrl_reference():
   p0, v0 = host(state.params), host(state.value_head)
   state, m = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
   msk = np.asarray(batch.loss_mask, bool)
+  valid = np.asarray(batch.valid, bool)
+  vmsk = np.zeros_like(msk)  # the value head is trained at the slot that predicts each loss token
+  for b, t in zip(*np.nonzero(msk)):
+    before = np.nonzero(valid[b, :t])[0]
+    if len(before):
+      vmsk[b, before[-1]] = True
   u = np.asarray(batch.returns, np.float64) - values
-  want = 0.7 * np.maximum(0.5 * u, -0.5 * u)[msk].mean() + 0.3 * (u**2)[msk].mean()
+  want = 0.7 * np.maximum(0.5 * u, -0.5 * u)[vmsk].mean() + 0.3 * (u**2)[vmsk].mean()
   assert float(m["value/loss"]) == pytest.approx(want, rel=1e-5)
   assert float(m["loss"]) == pytest.approx(want, rel=1e-5)  # pg term is 0 with A = 0
   assert max_abs_diff(host(state.params), p0) == 0

@@ -244,9 +244,32 @@ def test_gae_targets_match_a_float64_reference():
   sel = raw[mask]
   want = np.where(mask, (raw - sel.mean()) / (sel.std() + 1e-8), 0)
   np.testing.assert_allclose(adv, want, rtol=1e-4, atol=1e-5)
-  want_t = np.zeros((B, T))
+  want_t = np.zeros((B, T))  # R_t is the target of the head output that predicts t (slot t − 1 here)
   want_t[:, :-1] = ret[:, 1:] * mask[:, 1:]
-  np.testing.assert_allclose(targets, want_t * mask, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(targets, want_t, rtol=1e-5, atol=1e-6)
+  want_m = np.zeros((B, T), bool)
+  want_m[:, :-1] = mask[:, 1:]
+  np.testing.assert_array_equal(L.value_mask(valid, mask), want_m)
+
+
+def test_gae_on_a_hand_computed_three_token_example():
+  """Prompt in slots 0-1, three generated tokens in slots 2-4, outcome reward 1 on the last, γ = 1, λ = 0.5. The head
+  output at slot s is V of the state that predicts token s + 1: V(s_2) = v[1] = 0.5, V(s_3) = v[2] = 0.6, V(s_4) =
+  v[3] = 0.8 (v[4], after the last token, is a terminal state's and unused). By hand:
+  δ_4 = 1 − 0.8 = 0.2, δ_3 = 0.8 − 0.6 = 0.2, δ_2 = 0.6 − 0.5 = 0.1;
+  A_4 = 0.2, A_3 = 0.2 + 0.5 · 0.2 = 0.3, A_2 = 0.1 + 0.5 · 0.3 = 0.25;
+  R_t = A_t + V(s_t): R_2 = 0.75, R_3 = 0.9, R_4 = 1.0, the targets of v[1], v[2], v[3] (v[1] is V(s_2), the state
+  that chooses the first token: it is trained too); whitened A (population std): (0, √1.5, −√1.5)."""
+  valid = np.ones((1, 5), bool)
+  mask = np.array([[False, False, True, True, True]])
+  values = np.array([[0.0, 0.5, 0.6, 0.8, 0.9]], np.float32)
+  adv, targets = jax.jit(L.gae_targets, static_argnums=4)(
+    values, np.array([1.0], np.float32), valid, mask, L.ValueConfig(gamma=1.0, lam=0.5)
+  )
+  # f32 arithmetic on values of order 1: a few ulps (1e-7 each); the whitening divides by std = 0.041 (x25)
+  np.testing.assert_allclose(targets, [[0.0, 0.75, 0.9, 1.0, 0.0]], rtol=0, atol=1e-6)
+  np.testing.assert_allclose(adv, [[0.0, 0.0, 0.0, np.sqrt(1.5), -np.sqrt(1.5)]], rtol=0, atol=1e-5)
+  np.testing.assert_array_equal(L.value_mask(valid, mask), [[False, True, True, True, False]])
 
 
 def test_step_mismatch_is_pi_old_vs_mu_on_the_batch():
