@@ -135,6 +135,8 @@ class QuantSection(Schema):
   wag_rht: bool = True  # nvfp4_wag: random Hadamard transform of the wgrad operands (the recipe; false: ablation)
   wag_sr: bool = True  # nvfp4_wag: stochastic rounding of the gradient dy (the recipe; false: round to nearest)
   wag_act_scale: Literal["tensor", "token"] = "tensor"  # nvfp4_wag: activations' FP32 scale per tensor (recipe) / token
+  wag_keep_last_layers: int = 0  # nvfp4_wag: the last k layers train in the compute dtype (the recipe keeps a few;
+  # they are still served in NVFP4, a train-inference mismatch there)
   act: Literal["none", "fp8", "nvfp4"] = "none"  # sampler activations: none = compute dtype; fp8 = per-token E4M3;
   # nvfp4 = 1x16 E2M1 blocks along K (W4A4, with quant.sampler=nvfp4)
   targets: str = quant.DEFAULT_TARGETS  # regex on the '/'-joined paths of the quantized kernels (learner and sampler)
@@ -153,6 +155,16 @@ class QuantSection(Schema):
       "learned scales are trained by the learner's QAT: needs quant.learner=int4",
     )
     self._check(self.fp8_block > 0, "fp8_block", "must be > 0")
+    self._check(
+      isinstance(self.wag_keep_last_layers, int) and self.wag_keep_last_layers >= 0,
+      "wag_keep_last_layers",
+      "must be an int >= 0",
+    )
+    self._check(
+      self.wag_keep_last_layers == 0 or self.learner == "nvfp4_wag",
+      "wag_keep_last_layers",
+      "applies to quant.learner=nvfp4_wag only",
+    )
     self._check(self.act != "nvfp4" or self.sampler == "nvfp4", "act", "nvfp4 activations need quant.sampler=nvfp4")
     self._check(
       {"nvfp4_wag": "nvfp4"}.get(self.learner, self.learner) in ("none", self.sampler),
@@ -357,7 +369,13 @@ def _learner_given(
   except (TypeError, ValueError):  # a mistyped value: the learner's own check names it
     pass
   temperature = sampler.temperature if sampler.temperature > 0 else 1.0
-  return {"qat": quant_s.learner_spec, "qat_targets": quant_s.targets, "total_steps": total, "temperature": temperature}
+  return {
+    "qat": quant_s.learner_spec,
+    "qat_targets": quant_s.targets,
+    "qat_keep_last_layers": quant_s.wag_keep_last_layers,
+    "total_steps": total,
+    "temperature": temperature,
+  }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -160,6 +160,7 @@ class LearnerConfig(Schema):
   lora: LoraConfig | None = None  # train LoRA adapters over the frozen (possibly low-bit) base; null = full fine-tuning
   qat: quant.Spec | None = set_by("quant.learner")  # format of the QAT forward (fake quant of what is served)
   qat_targets: str = set_by("quant.targets", quant.DEFAULT_TARGETS)  # regex on the kernels QAT fake-quantizes
+  qat_keep_last_layers: int = set_by("quant.wag_keep_last_layers", 0)  # W/A/G: the last k layers in the compute dtype
   qat_start_step: int = 0  # learner step at which QAT switches on (0 = from the start)
   qat_warmup_steps: int = 0  # fade QAT in over this many learner steps: w + α·(ŵ − w), α → 1 (0 = at once)
   qat_init: Literal["default", "grid"] = "default"  # grid: start the quantized kernels on their own INT4 grid
@@ -217,6 +218,16 @@ class LearnerConfig(Schema):
       "NVFP4 W/A/G (quant.learner=nvfp4_wag) is on from step 0: qat_start_step and qat_warmup_steps must be 0",
     )
     check_regex(self, "qat_targets")
+    self._check(
+      isinstance(self.qat_keep_last_layers, int) and self.qat_keep_last_layers >= 0,
+      "qat_keep_last_layers",
+      "must be an int >= 0",
+    )
+    self._check(
+      self.qat_keep_last_layers == 0 or isinstance(self.qat, quant.NVFP4WAG),
+      "qat_keep_last_layers",
+      "applies to W/A/G QAT only (quant.learner=nvfp4_wag)",
+    )
     self._check(self.qat_start_step >= 0, "qat_start_step", "must be >= 0")
     self._check(self.qat_warmup_steps >= 0, "qat_warmup_steps", "must be >= 0")
     self._check(
@@ -264,7 +275,9 @@ class LearnerConfig(Schema):
   @property
   def qat_rules(self) -> quant.QuantRules | None:
     """The rules of the QAT forward (the `qat_targets` kernels -> `qat`; the rules the sampler serves), or None."""
-    return None if self.qat is None else quant.QuantRules.default(self.qat, targets=self.qat_targets)
+    if self.qat is None:
+      return None
+    return quant.QuantRules.default(self.qat, targets=self.qat_targets, keep_last_layers=self.qat_keep_last_layers)
 
   @property
   def qat_fades(self) -> bool:

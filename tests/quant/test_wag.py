@@ -354,6 +354,21 @@ def test_config_names_the_spec():
     L.LearnerConfig(qat=quant.NVFP4WAG(), qat_start_step=2)
 
 
+def test_keep_last_layers_from_the_run_config():
+  """`quant.wag_keep_last_layers: k` reaches the learner's QAT rules (the last k layers in the compute dtype); refused
+  for any other learner format, naming the key."""
+  from lrl_jax.config import load_config
+
+  wag = ["quant.learner=nvfp4_wag", "quant.sampler=nvfp4"]
+  c = load_config("configs/quickstart.yaml", wag + ["quant.wag_keep_last_layers=1"])
+  assert c.learner.qat_rules.keep_last_layers == 1 and c.learner.qat_keep_last_layers == 1
+  assert load_config("configs/quickstart.yaml", wag).learner.qat_rules.keep_last_layers == 0
+  with pytest.raises(Exception, match="wag_keep_last_layers"):
+    load_config("configs/quickstart.yaml", ["quant.wag_keep_last_layers=1"])
+  with pytest.raises(Exception, match="qat_keep_last_layers"):
+    L.LearnerConfig(qat=quant.NVFP4(), qat_keep_last_layers=1)
+
+
 def test_learner_seeds_the_backward_per_step():
   from lrl_jax.learner.step import _numerics
 
