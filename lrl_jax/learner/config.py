@@ -95,6 +95,7 @@ class ValueConfig(Schema):
   coef: float = 0.5  # weight of the value loss in the total loss
   gamma: float = 1.0  # GAE discount γ
   lam: float = 0.95  # GAE λ
+  whiten: bool = True  # GAE advantages whitened over the batch's tokens ((A − mean) / std, PPO practice); false: raw
 
   def _validate(self):
     self._check(self.delta0 > 0, "delta0", "must be > 0")

@@ -465,12 +465,12 @@ def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> t
   slots: the prompt's last slot, which predicts the first token, and each generated token but the last). The head
   is thereby trained at exactly the slots GAE reads it at, V(s_0) included; the slot after the last token (a
   terminal state, whose value GAE takes as 0) is not trained. Then QAE smoothing (`vcfg.beta` < 1) and whitening
-  over the batch.
+  over the batch (`vcfg.whiten`).
 
   Args:
     values_BT: f32 [B, T] (or [B, T, K] quantile heads, averaged) head outputs per position.
     rewards_B: f32 [B]. valid_BT, mask_BT: bool [B, T] (`Rollout.valid`, `Rollout.loss_mask`).
-    vcfg: gamma, lam, beta.
+    vcfg: gamma, lam, beta, whiten.
   """
   values = jnp.asarray(values_BT, jnp.float32)
   if values.ndim == 3:
@@ -487,7 +487,8 @@ def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> t
   adv, ret = losses.gae_advantages(r_BT, v_state, mask, gamma=vcfg.gamma, lam=vcfg.lam)
   if vcfg.beta < 1:
     adv = losses.smooth_advantages(adv, mask, beta=vcfg.beta)
-  adv = losses.normalize_advantages(adv, mask)
+  if vcfg.whiten:
+    adv = losses.normalize_advantages(adv, mask)
   targets, _ = _to_predictors(ret, valid_BT, mask)
   return adv, targets
 

@@ -270,6 +270,10 @@ def test_gae_on_a_hand_computed_three_token_example():
   np.testing.assert_allclose(targets, [[0.0, 0.75, 0.9, 1.0, 0.0]], rtol=0, atol=1e-6)
   np.testing.assert_allclose(adv, [[0.0, 0.0, 0.0, np.sqrt(1.5), -np.sqrt(1.5)]], rtol=0, atol=1e-5)
   np.testing.assert_array_equal(L.value_mask(valid, mask), [[False, True, True, True, False]])
+  raw, _ = jax.jit(L.gae_targets, static_argnums=4)(
+    values, np.array([1.0], np.float32), valid, mask, L.ValueConfig(gamma=1.0, lam=0.5, whiten=False)
+  )
+  np.testing.assert_allclose(raw, [[0.0, 0.0, 0.25, 0.3, 0.2]], rtol=0, atol=1e-6)  # value.whiten=false: A as is
 
 
 def test_step_mismatch_is_pi_old_vs_mu_on_the_batch():
