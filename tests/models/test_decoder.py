@@ -388,7 +388,12 @@ def test_to_hf_is_read_by_transformers():
 
 @pytest.mark.parametrize(
   "spec",
-  [quant.Int4(group_size=32), quant.Int4(group_size=32, scheme="minmax"), quant.FP8(), quant.NVFP4()],
+  [
+    quant.Int4(group_size=32),
+    pytest.param(quant.Int4(group_size=32, scheme="minmax"), marks=pytest.mark.slow),  # 4 compiles each: test-slow
+    pytest.param(quant.FP8(), marks=pytest.mark.slow),
+    quant.NVFP4(),
+  ],
   ids=lambda s: s.name + ("_minmax" if getattr(s, "scheme", "") == "minmax" else ""),
 )
 def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
