@@ -180,13 +180,16 @@ def _time_steps(mc, cfg: LearnerConfig, roll: Rollout, repeats: int, params) -> 
 @contextlib.contextmanager
 def _per_matmul_operands():
   """Traces the decoder with its layer kernels fake-quantized at every matmul inside the layer scan (the learner
-  before `decoder._hoist_operands`), for the before / after rows."""
+  before `decoder._hoist_operands`), for the before / after rows. jax's trace caches are cleared on the way in and
+  out, so neither variant reuses the other's trace of the same arguments."""
   keep = decoder._hoist_operands
+  jax.clear_caches()
   decoder._hoist_operands = lambda params, specs, dtype: (params, specs)
   try:
     yield
   finally:
     decoder._hoist_operands = keep
+    jax.clear_caches()
 
 
 def _interleaved(runs: dict, roll: Rollout, repeats: int) -> dict[str, float]:
@@ -223,21 +226,16 @@ def qat(args) -> int:
   )
   base_cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
   arms = {"bf16": base_cfg, **{f"{n} QAT": base_cfg.replace(qat=s) for n, s in QAT_FORMATS.items()}}
-  runs, cost = {}, {}
+  runs, cost = {}, {}  # keyed by (arm, suffix)
   variants = [(False, "")] + ([(True, " (per matmul, before)")] if args.before else [])
   for per_matmul, suffix in variants:
     for name, cfg in arms.items():
       state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-      if per_matmul:
-        jax.clear_caches()  # trace anew: the hoisted variant's trace of the same arguments is cached
-        with _per_matmul_operands():
-          c = train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile()
-        jax.clear_caches()
-      else:
+      with _per_matmul_operands() if per_matmul else contextlib.nullcontext():
         c = train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile()
       ca = c.cost_analysis()
-      cost[name + suffix] = float((ca[0] if isinstance(ca, (list, tuple)) else ca).get("bytes accessed", float("nan")))
-      runs[name + suffix] = (c, state)
+      cost[name, suffix] = float((ca[0] if isinstance(ca, (list, tuple)) else ca).get("bytes accessed", float("nan")))
+      runs[name, suffix] = (c, state)
   t = _interleaved(runs, roll, args.repeats)
   syncs = {}
   for name, spec in QAT_FORMATS.items():
@@ -251,13 +249,12 @@ def qat(args) -> int:
     syncs[f"{name} QAT"] = float(np.median(ts))
   print("\n| learner | step s | vs bf16 | AOT bytes accessed vs bf16 | sync s | sync / (step + sync) |")
   print("|---|---|---|---|---|---|")
-  for label in runs:
-    base = "bf16" + label[len(label.split(" (")[0]) :] if " (" in label else "bf16"
-    arm = label.split(" (")[0]
+  for arm, suffix in runs:
+    key, base = (arm, suffix), ("bf16", suffix)
     sync_s = syncs.get(arm)
-    sync_cols = "| |" if sync_s is None else f"| {sync_s:.2f} | {100 * sync_s / (t[label] + sync_s):.1f}% |"
+    sync_cols = "| |" if sync_s is None else f"| {sync_s:.2f} | {100 * sync_s / (t[key] + sync_s):.1f}% |"
     print(
-      f"| {label} | {t[label]:.2f} | {t[label] / t[base]:.2f}x | {cost[label] / cost[base]:.2f}x {sync_cols}",
+      f"| {arm}{suffix} | {t[key]:.2f} | {t[key] / t[base]:.2f}x | {cost[key] / cost[base]:.2f}x {sync_cols}",
       flush=True,
     )
   return 0

@@ -437,23 +437,21 @@ def group_advantages(rewards_B, cfg: LearnerConfig, *, group_size: int) -> jax.A
   return fn(jnp.asarray(rewards_B, jnp.float32), group_size=group_size)
 
 
-def _to_predictors(x_BT, valid_BT, mask_BT):
-  """(out, at) [B, T]: out[b, prev(t)] = x[b, t] for each loss token t (prev(t): the last valid slot before t, whose
-  hidden state predicts t), 0 elsewhere; `at` marks those slots. One slot per loss token (distinct tokens have
-  distinct predecessors), so `at` counts what the loss mask counts, row by row."""
+def _predictor_slots(valid_BT, mask_BT):
+  """(rows [B, 1], slot [B, T], mask [B, T]): slot[b, t] = prev(t), the last valid slot before loss token t (whose
+  hidden state predicts t), and T (a dropped column) elsewhere. Distinct tokens have distinct predecessors, so the
+  slots of a row's loss tokens are as many as its loss tokens."""
   mask = jnp.asarray(mask_BT).astype(bool)
   prev, _ = _prev_next(jnp.asarray(valid_BT).astype(bool))
-  B, T = mask.shape
-  slot = jnp.where(mask & (prev >= 0), prev, T)  # T: dropped
-  rows = jnp.arange(B)[:, None]
-  out = jnp.zeros((B, T + 1), jnp.float32).at[rows, slot].set(jnp.where(mask, x_BT, 0.0))[:, :T]
-  at = jnp.zeros((B, T + 1), bool).at[rows, slot].set(mask)[:, :T]
-  return out, at
+  T = mask.shape[1]
+  return jnp.arange(mask.shape[0])[:, None], jnp.where(mask & (prev >= 0), prev, T), mask
 
 
 def value_mask(valid_BT, mask_BT) -> jax.Array:
   """bool [B, T]: the slots whose value-head output is trained (`gae_targets`): the predictor of each loss token."""
-  return _to_predictors(jnp.zeros(jnp.shape(mask_BT), jnp.float32), valid_BT, mask_BT)[1]
+  rows, slot, mask = _predictor_slots(valid_BT, mask_BT)
+  B, T = mask.shape
+  return jnp.zeros((B, T + 1), bool).at[rows, slot].set(mask)[:, :T]
 
 
 def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> tuple[jax.Array, jax.Array]:
@@ -489,8 +487,9 @@ def gae_targets(values_BT, rewards_B, valid_BT, mask_BT, vcfg: ValueConfig) -> t
     adv = losses.smooth_advantages(adv, mask, beta=vcfg.beta)
   if vcfg.whiten:
     adv = losses.normalize_advantages(adv, mask)
-  targets, _ = _to_predictors(ret, valid_BT, mask)
-  return adv, targets
+  rows, slot, _ = _predictor_slots(valid_BT, mask)
+  targets = jnp.zeros((B, T + 1), jnp.float32).at[rows, slot].set(jnp.where(mask, ret, 0.0))[:, :T]
+  return adv, targets  # targets[prev(t)] = R_t
 
 
 def _mismatch(old_logp, sampler_logp, mask) -> dict[str, jax.Array]:

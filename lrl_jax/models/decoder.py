@@ -370,9 +370,7 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
   wag: `quant.NVFP4WAG` only: (PRNG key of this kernel, layer on: a bool scalar or None) -> `quant.nvfp4_wag_matmul`,
     or a plain dot where the layer is off (`QuantRules.keep_last_layers`).
   """
-  if isinstance(w, kernels.Predecoded):  # a served weight decoded once (`kernels.predecode`): the same dot
-    if w.w.dtype != x.dtype:  # the learner's QAT operand, held in its masters' dtype (`_qat_operand`): exact
-      w = dataclasses.replace(w, w=w.w.astype(x.dtype))
+  if isinstance(w, kernels.Predecoded):  # a weight decoded once (`kernels.predecode`, `_qat_operand`): the same dot
     x, post = _act_quant(x, act_spec)
     return _post(kernels.predecoded_dot(x, w), post, x.dtype)
   if isinstance(w, quant.QArray):
