@@ -46,8 +46,12 @@ def _bench(args, rest) -> int:
     from lrl_jax.learner import bench as learner_bench  # noqa: PLC0415  (per-command imports)
 
     return learner_bench.main(rest) or 0
+  if args.what == "sync":
+    from lrl_jax.rl import bench as sync_bench  # noqa: PLC0415
+
+    return sync_bench.main(rest) or 0
   if args.what != "kernels":
-    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels, sampler, learner")
+    raise SystemExit(f"lrl-jax bench: unknown target {args.what!r}; valid: kernels, sampler, learner, sync")
   from lrl_jax.kernels import bench  # noqa: PLC0415
 
   return bench.main(rest) or 0
@@ -107,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
   p = sub.add_parser(
     "bench",
     help="benchmarks: `lrl-jax bench kernels [--quick ...]`, `lrl-jax bench sampler [...]`, "
-    "`lrl-jax bench learner memory|qat|torch [...]`",
+    "`lrl-jax bench learner memory|qat|torch [...]`, `lrl-jax bench sync [...]`",
   )
   p.add_argument(
     "what",
-    choices=["kernels", "sampler", "learner"],
+    choices=["kernels", "sampler", "learner", "sync"],
     help="kernels: low-bit matmuls vs bf16 (`lrl-jax bench kernels --quick`); sampler: SmolLM2 rollouts, this "
     "sampler vs transformers, every format (`lrl-jax bench sampler --batches 16 64`); learner: memory / QAT cost / "
-    "torch (`lrl-jax bench learner memory`). Each takes --help.",
+    "torch (`lrl-jax bench learner memory`); sync: the learner -> sampler weight transfer per format, "
+    "disaggregated and colocated (`lrl-jax bench sync`). Each takes --help.",
   )
   args, rest = parser.parse_known_args(argv)
   if args.command == "numerics":

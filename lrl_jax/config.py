@@ -236,9 +236,11 @@ class SamplerSection(Schema):
   dtype: _DTYPE = "bfloat16"  # sampler activation and KV-cache dtype
   weight_layout: Literal["kn", "linear"] = "kn"  # served QArrays: kn = [K, N] (qmatmul); linear = [N, K] (qlinear)
   slots: int | None = None  # decode slots of the rollout engine (continuous batching); null = one per completion
+  mesh: tuple[int, int] | None = None  # the sampler's own mesh (data, tensor) sizes; null = the learner's placement
 
   def _validate(self):
     self._check(self.group_size >= 1, "group_size", "must be >= 1")
+    self._check(self.mesh is None or all(m >= 1 for m in self.mesh), "mesh", "must hold sizes >= 1, or be null")
     self._check(self.slots is None or self.slots >= 1, "slots", "must be >= 1 or null")
     self._check(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
     self._check(self.temperature >= 0, "temperature", "must be >= 0")
@@ -315,7 +317,9 @@ class RunSection(Schema):
   eval_every: int = 10  # RL steps between evaluations (0 = only before and after RL)
   ckpt_every: int = 0  # RL steps between checkpoints (0 = only at the end)
   out_dir: str = "runs/default"  # metrics, plots, checkpoints and the resolved config go here
-  off_policy: bool = False  # one-step off-policy: the sampler generates batch k+1 while the learner trains on batch k
+  off_policy: bool = False  # one-step off-policy: batch k is generated with the weights synced at step k − 1
+  async_rollouts: bool = False  # generate batch k+1 while the learner trains on batch k (implies off_policy)
+  placement: Literal["colocated", "disaggregated"] = "colocated"  # disaggregated: the sampler on its own devices
   max_nonfinite_steps: int = 3  # stop after this many non-finite steps in a row
 
   def _validate(self):
@@ -417,6 +421,11 @@ class Config:
       raise ConfigError(
         f"run.recover_steps={r.recover_steps} distils the float model into its QAT copy: it needs quant.learner "
         f"set (got {q.learner!r}) and full fine-tuning (learner.lora null)"
+      )
+    if r.placement == "disaggregated" and s.mesh is None:
+      raise ConfigError(
+        "run.placement=disaggregated puts the sampler on devices of its own: it needs sampler.mesh, the (data, "
+        "tensor) sizes of its mesh (e.g. [1, 4]); the learner takes the devices before them (learner.mesh)"
       )
     rollouts, split = r.batch_prompts * s.group_size, lrn.minibatches * lrn.micro_batches
     if rollouts % split:

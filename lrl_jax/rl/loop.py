@@ -45,12 +45,12 @@ from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
 from lrl_jax.rl.recover import recover
 from lrl_jax.rl.rollouts import encode_prompt_batch, generate_rollout, score_rollout
 from lrl_jax.rl.rundir import check_run_dir, clear_run, write_config
-from lrl_jax.rl.setup import Setup, build_model, learner_mesh, new_state
+from lrl_jax.rl.setup import Setup, build_model, learner_mesh, new_state, sampler_mesh
 from lrl_jax.rl.sync import merge_lora, sync
 from lrl_jax.rl.warmup import supervised_warmup
 from lrl_jax.tasks import RewardPool
 
-__all__ = ["RunResult", "train", "evaluate", "encode_prompt_batch", "restore_run", "served_weights"]
+__all__ = ["RunResult", "SamplerError", "train", "evaluate", "encode_prompt_batch", "restore_run", "served_weights"]
 
 log = logging.getLogger(__name__)
 
@@ -171,10 +171,14 @@ def _maybe_restart_learned_scales(state: L.TrainState, lcfg: L.LearnerConfig, k:
   return state.replace(params=new)
 
 
-def served_weights(state: L.TrainState, setup: Setup, timings: dict | None = None):
+def served_weights(state: L.TrainState, setup: Setup, timings: dict | None = None, *, mesh=None):
   """(served tree, adapters to pass to `generate` or None): a LoRA run serves its quantized base with the float
-  adapters over it, as the learner computes π."""
-  return sync(state.params, setup.sync, timings=timings), (state.lora if state.trainable == "lora" else None)
+  adapters over it, as the learner computes π. `mesh`: the sampler's own mesh (`rl.setup.sampler_mesh`), where
+  the served tree and the adapters (replicated) are moved; None: they stay on the learner's devices."""
+  lora = state.lora if state.trainable == "lora" else None
+  if lora is not None and mesh is not None:
+    lora = jax.device_put(lora, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  return sync(state.params, setup.sync, mesh=mesh, timings=timings), lora
 
 
 def _save_tree(path: Path, tree) -> None:
@@ -247,8 +251,94 @@ def restore_run(cfg, *, out_dir: str | None = None):
 # --------------------------------------------------------------------------- the loop
 
 
-def _shard(tree, mesh):
-  return tree if mesh is None else L.shard_batch(tree, mesh)
+def _to_learner(tree, mesh, sampler_mesh):
+  """A rollout from the sampler's devices to the learner's: its batch sharding on the learner's mesh, or the
+  learner's one device when it has no mesh (left where it is when the sampler has no mesh of its own either)."""
+  if mesh is not None:
+    return L.shard_batch(tree, mesh)
+  return tree if sampler_mesh is None else jax.device_put(tree, jax.devices()[0])
+
+
+@dataclasses.dataclass
+class _Sampled:
+  """The rollouts of one RL step as the sampler left them: rollout, task rewards, reward stats, generation record,
+  the weight version they were generated with, and when (seconds since the run's start)."""
+
+  roll: Any
+  rewards: np.ndarray
+  rstats: dict
+  gen: dict
+  version: int
+  start: float
+  end: float
+
+
+def _sample(k: int, served_lora, version: int, setup: Setup, cfg, sample_key, pool, t_start: float) -> _Sampled:
+  """Generation and rewards of RL step k on the served weights of `version` (host and sampler only: no learner
+  state, so it may run beside the learner; `run.async_rollouts`)."""
+  task, G = setup.task, cfg.sampler.group_size
+  t0 = time.perf_counter()
+  prompts, refs = task.prompts(k, cfg.run.batch_prompts)
+  tok, val = encode_prompt_batch(task, prompts)
+  refs_g = [r for r in refs for _ in range(G)]
+  served, lora = served_lora
+  roll, rewards, rstats, gen = _sample_step(
+    k, task, setup, cfg, served, lora, tok, val, refs_g, jax.random.fold_in(sample_key, k), pool
+  )
+  return _Sampled(roll, rewards, rstats, gen, version, t0 - t_start, time.perf_counter() - t_start)
+
+
+class SamplerError(RuntimeError):
+  """The sampler side failed (generation or rewards of an RL step); the learner stopped before training on it."""
+
+
+class _Rollouts:
+  """Hands the loop each step's rollouts: generated in line (synchronous), or for step k + 1 in a worker thread
+  while the learner trains on step k (`run.async_rollouts`; one step off-policy).
+
+  Which weights generate step k is the off-policy queue's rule either way (the weights synced at step k − 1; the
+  first step of a run: its own), and each step's key is fold_in(sample_key, k), so asynchronous rollouts equal the
+  synchronous off-policy run's bit for bit: only when they are computed changes. A failure on the sampler side is
+  raised as a `SamplerError` naming the step, when the learner asks for that step.
+  """
+
+  def __init__(self, setup: Setup, cfg, *, queue, sample_key, pool, t_start: float, asynchronous: bool):
+    import concurrent.futures  # noqa: PLC0415
+
+    self._args = (setup, cfg, sample_key, pool, t_start)
+    self._queue = queue
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lrl-sampler") if asynchronous else None
+    self._pending: dict[int, Any] = {}
+
+  def _run(self, k, served_lora, version):
+    try:
+      return _sample(k, served_lora, version, *self._args)
+    except Exception as e:
+      raise SamplerError(
+        f"the sampler failed on RL step {k} (weights version {version}): {type(e).__name__}: {e}"
+      ) from e
+
+  def get(self, k: int, served_now, *, last: bool) -> _Sampled:
+    """The rollouts of step k, given the weights synced at step k; starts step k + 1's unless `last`."""
+    served_lora, version = (served_now, k) if self._queue is None else self._queue.swap(served_now, k)
+    fut = self._pending.pop(k, None)
+    out = None if fut is not None else self._run(k, served_lora, version)  # first step of a call: in line
+    if self._pool is not None and not last:
+      nxt, v = self._queue.held  # the weights just synced: step k + 1's (one step off-policy)
+      self._pending[k + 1] = self._pool.submit(self._run, k + 1, nxt, v)
+    return fut.result() if fut is not None else out
+
+  def wait(self) -> None:
+    """Blocks until the step generating in the background (if any) is done (before the main thread evaluates:
+    the two would share the reward workers and the sampler's devices)."""
+    for fut in self._pending.values():
+      fut.exception()
+
+  def close(self) -> None:
+    if self._pool is not None:
+      for fut in self._pending.values():
+        fut.cancel()
+      self._pool.shutdown(wait=True)
 
 
 def _rl_step(
@@ -257,37 +347,26 @@ def _rl_step(
   setup: Setup,
   cfg,
   *,
-  served_now,
-  queue,
+  sampled: _Sampled,
   buffer: RolloutBuffer,
   ref_params,
   mesh,
-  sample_key,
+  sampler_mesh,
   guard: L.NonFiniteGuard,
   timings: dict,
-  pool=None,
+  t_start: float,
 ):
-  """One RL step; returns (state, metrics record)."""
-  task, lcfg = setup.task, cfg.learner
-  G, K = cfg.sampler.group_size, lcfg.minibatches
-  prompts, refs = task.prompts(k, cfg.run.batch_prompts)
-  tok, val = encode_prompt_batch(task, prompts)
-  refs_g = [r for r in refs for _ in range(G)]
-  version = k
-  served_lora = served_now  # (served tree, adapters or None)
-  if queue is not None:
-    served_lora, version = queue.swap(served_now, k)
-  served, lora = served_lora
-
-  roll, rewards, rstats, gen = _sample_step(
-    k, task, setup, cfg, served, lora, tok, val, refs_g, jax.random.fold_in(sample_key, k), pool
-  )
+  """The learner's part of RL step k on its rollouts; returns (state, metrics record)."""
+  lcfg = cfg.learner
+  K = lcfg.minibatches
+  off_policy = cfg.run.off_policy or cfg.run.async_rollouts
+  roll, rewards, rstats, gen, version = sampled.roll, sampled.rewards, sampled.rstats, sampled.gen, sampled.version
   shaped, shaping, out_of_loss = _shape(roll, rewards, setup, cfg)
   if out_of_loss is not None:
     roll = roll.replace(loss_mask=roll.loss_mask & ~jnp.asarray(out_of_loss)[:, None])
 
   t0 = time.perf_counter()
-  roll = _shard(roll.replace(rewards=jnp.asarray(shaped, jnp.float32)), mesh)
+  roll = _to_learner(roll.replace(rewards=jnp.asarray(shaped, jnp.float32)), mesh, sampler_mesh)
   roll, prep = L.prepare_rollout(
     state,
     roll,
@@ -295,7 +374,7 @@ def _rl_step(
     model_cfg=setup.model_cfg,
     cfg=lcfg,
     mesh=mesh,
-    with_old_logp=L.needs_old_logp(lcfg) or queue is not None,
+    with_old_logp=L.needs_old_logp(lcfg) or off_policy,
   )
   buffer.put(roll, step=k)
   ms = []
@@ -306,7 +385,8 @@ def _rl_step(
     m = jax.device_get(m)
     guard.check(m, step=k)
     ms.append(m)
-  t_learn = time.perf_counter() - t0
+  t1 = time.perf_counter()
+  t_learn = t1 - t0
 
   n_tok, t_gen, t_rew, all_rewards = gen.pop("tokens"), gen.pop("generate_s"), gen.pop("reward_s"), gen.pop("rewards")
   rec = {  # the policy's samples: every completion generated this step (all rounds), rewards before shaping
@@ -332,6 +412,13 @@ def _rl_step(
       "time/reward_s": t_rew,
       "time/learner_s": t_learn,
       "time/sync_s": float(timings.get("sync_s", float("nan"))),
+      "time/sync_transfer_s": float(timings.get("sync_transfer_s", float("nan"))),
+      "sync/bytes": int(timings.get("sync_bytes", 0)),
+      # the timeline (seconds since the run's start): generation + rewards of this step's rollouts, then learning
+      "time/sample_start": sampled.start,
+      "time/sample_end": sampled.end,
+      "time/learn_start": t0 - t_start,
+      "time/learn_end": t1 - t_start,
       "tokens_per_s": n_tok / max(t_gen, 1e-9),
       "generated_tokens": n_tok,
     }
@@ -437,7 +524,7 @@ def train(
   out = Path(cfg.run.out_dir)
   changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written
   K = cfg.learner.minibatches
-  mesh = learner_mesh(cfg)
+  mesh, smesh = learner_mesh(cfg), sampler_mesh(cfg)
   setup = build_model(cfg, task=task)
   out.mkdir(parents=True, exist_ok=True)
   pool = RewardPool.for_task(setup.task, workers=cfg.task.reward_workers) if cfg.task.reward_workers else None
@@ -468,6 +555,7 @@ def train(
     write_config(cfg, out)
     logger = M.MetricsLogger(out)
   ref_params = None
+  rollouts = None
   records: list[dict] = []
   paths = {
     "out_dir": str(out),
@@ -489,16 +577,23 @@ def train(
 
     sample_key = jax.random.fold_in(jax.random.PRNGKey(cfg.run.seed), 2)
     buffer = RolloutBuffer(minibatches=K, seed=cfg.run.seed)
-    queue = OffPolicyQueue() if cfg.run.off_policy else None
+    queue = OffPolicyQueue() if cfg.run.off_policy or cfg.run.async_rollouts else None
     timings: dict = {}
     if queue is not None and start > 0:
       held = out / f"offpolicy_{start}.npz"
       if held.is_file():  # the weights step start − 1 synced: step `start` generates with them, as it did
-        queue.restore(_load_tree(held, served_weights(state, setup)), start - 1)
+        like = served_weights(state, setup, mesh=smesh)
+        kept = _load_tree(held, like)
+        if smesh is not None:  # back on the sampler's devices, placed as a sync places them
+          kept = jax.device_put(kept, jax.tree_util.tree_map(lambda x: x.sharding, like))
+        queue.restore(kept, start - 1)
       else:
         log.warning("%s is missing (a checkpoint of an older version): RL step %d generates on-policy", held, start)
+    rollouts = _Rollouts(
+      setup, cfg, queue=queue, sample_key=sample_key, pool=pool, t_start=t_start, asynchronous=cfg.run.async_rollouts
+    )
     if not pre:
-      served, lora = served_weights(state, setup, timings)
+      served, lora = served_weights(state, setup, timings, mesh=smesh)
       rows: list = []
       ev = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
       _write_problems(out / "eval_before.jsonl", rows)
@@ -517,24 +612,25 @@ def train(
       if _fail_after is not None and k >= _fail_after:
         raise KeyboardInterrupt(f"simulated interruption before RL step {k}")
       state = _maybe_restart_learned_scales(state, cfg.learner, k)
-      served_lora = served_weights(state, setup, timings)
+      served_lora = served_weights(state, setup, timings, mesh=smesh)
       if k > 0 and cfg.run.eval_every and k % cfg.run.eval_every == 0:
+        rollouts.wait()
         ev = evaluate(served_lora[0], setup, cfg, lora=served_lora[1], pool=pool)
         logger.log(k, {**ev, **_elapsed(t_start)}, phase="eval")
+      sampled = rollouts.get(k, served_lora, last=k + 1 == cfg.run.steps)
       state, rec = _rl_step(
         k,
         state,
         setup,
         cfg,
-        served_now=served_lora,
-        queue=queue,
+        sampled=sampled,
         buffer=buffer,
         ref_params=ref_params,
         mesh=mesh,
-        sample_key=sample_key,
+        sampler_mesh=smesh,
         guard=guard,
         timings=timings,
-        pool=pool,
+        t_start=t_start,
       )
       records.append(logger.log(k, {**rec, **_elapsed(t_start)}))
       if cfg.run.ckpt_every and (k + 1) % cfg.run.ckpt_every == 0:
@@ -549,12 +645,14 @@ def train(
     steps_done = int(jax.device_get(state.step)) // K
     _save_checkpoint(ckpt, state, queue, out, K)
     ckpt.wait()
-    served, lora = served_weights(state, setup, timings)
+    served, lora = served_weights(state, setup, timings, mesh=smesh)
     rows = []
     final = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
     _write_problems(out / "eval_after.jsonl", rows)
     logger.log(steps_done, {**final, **_elapsed(t_start)}, phase="eval")
   finally:
+    if rollouts is not None:
+      rollouts.close()
     logger.close()
     ckpt.close()
     if pool is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lrl_jax import learner as L
 from lrl_jax import models
@@ -20,7 +21,7 @@ from lrl_jax.config import ConfigError
 from lrl_jax.rl.sync import SyncSpec, sync_spec
 from lrl_jax.tasks import Task, task_from_config
 
-__all__ = ["Setup", "build_model", "new_state", "learner_mesh", "served_model_config"]
+__all__ = ["Setup", "build_model", "new_state", "learner_mesh", "sampler_mesh", "served_model_config"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,20 +98,62 @@ def build_model(cfg, *, init: bool = True, task=None) -> Setup:
   )
 
 
+def _device_split(cfg) -> tuple[list, list | None, str]:
+  """(the devices the learner may use, the sampler's devices or None, what the learner's share is called).
+
+  No `sampler.mesh`: the learner takes every device and the sampler serves where the sync leaves the weights.
+  Colocated: the sampler's mesh is the first prod(sampler.mesh) devices, shared with the learner. Disaggregated:
+  the sampler takes the last prod(sampler.mesh) devices and the learner the ones before them.
+  """
+  devs = jax.devices()
+  sizes = cfg.sampler.mesh
+  if sizes is None:
+    return devs, None, f"the {len(devs)} visible"
+  n_s = math.prod(sizes)
+  if cfg.run.placement == "colocated":
+    if n_s > len(devs):
+      raise ConfigError(f"sampler.mesh={tuple(sizes)} needs {n_s} devices; {len(devs)} are visible")
+    return devs, devs[:n_s], f"the {len(devs)} visible"
+  if n_s >= len(devs):
+    raise ConfigError(
+      f"run.placement=disaggregated: sampler.mesh={tuple(sizes)} takes {n_s} devices of the {len(devs)} visible "
+      "and leaves none to the learner"
+    )
+  rest = len(devs) - n_s
+  return devs[:rest], devs[rest:], f"the {rest} left to the learner by sampler.mesh={tuple(sizes)}"
+
+
 def learner_mesh(cfg):
-  """The learner's mesh from `learner.mesh` (one -1 = the remaining devices), or None for a single device."""
-  n = jax.device_count()
+  """The learner's mesh from `learner.mesh` (one -1 = the remaining devices), or None for a single device.
+
+  With `run.placement=disaggregated` the devices are the ones the sampler's mesh leaves (`sampler_mesh`)."""
+  devs, _, what = _device_split(cfg)
+  n = len(devs)
   sizes = list(cfg.learner.mesh)
   if -1 in sizes:
     known = math.prod(s for s in sizes if s != -1)
     if n % known:
-      raise ConfigError(f"learner.mesh={tuple(cfg.learner.mesh)} does not divide the {n} devices")
+      raise ConfigError(f"learner.mesh={tuple(cfg.learner.mesh)} does not divide {what} devices")
     sizes[sizes.index(-1)] = n // known
   if math.prod(sizes) > n:
-    raise ConfigError(f"learner.mesh={tuple(cfg.learner.mesh)} needs {math.prod(sizes)} devices; {n} are visible")
+    raise ConfigError(f"learner.mesh={tuple(cfg.learner.mesh)} needs {math.prod(sizes)} devices; {what} are there")
   if math.prod(sizes) == 1:
     return None
-  return L.make_mesh(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], devices=jax.devices()[: math.prod(sizes)])
+  return L.make_mesh(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], devices=devs[: math.prod(sizes)])
+
+
+def sampler_mesh(cfg):
+  """The sampler's own mesh (axes `data`, `tensor`: `sampler.SAMPLER_RULES`) from `sampler.mesh`, or None.
+
+  Colocated: on the first devices, which the learner uses too. Disaggregated (`run.placement`): on the last
+  devices, which the learner does not use; the sync moves the served (packed low-bit) weights there.
+  """
+  _, devs, _ = _device_split(cfg)
+  if devs is None:
+    return None
+  d, t = cfg.sampler.mesh
+  auto = (jax.sharding.AxisType.Auto,) * 2
+  return jax.sharding.Mesh(np.asarray(devs, dtype=object).reshape(d, t), ("data", "tensor"), axis_types=auto)
 
 
 def new_state(cfg, setup: Setup, params, *, mesh=None) -> L.TrainState:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from lrl_jax import quant
 from lrl_jax.sampler import serve_params, shard_params
 
-__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora"]
+__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora", "tree_bytes"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,7 +80,9 @@ def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | N
     cfg_or_spec: a run `Config` or a `SyncSpec`.
     mesh: the sampler's mesh (`jax.sharding.Mesh`); None: leave the arrays where they are.
     lora: `models.Lora` adapters to merge into the base before quantizing (a sampler without LoRA support).
-    timings: if given, `timings["sync_s"]` receives the wall time (blocked until the arrays are ready).
+    timings: if given, it receives the wall times (blocked until the arrays are ready): "sync_s" (all of it),
+      "sync_quantize_s" (on the learner's devices), "sync_transfer_s" (to `mesh`; 0 without one) and
+      "sync_bytes" (the served tree's bytes, one copy: what moves to the sampler's mesh).
 
   Returns:
     The served tree: QArray kernels for a quantized format, else float leaves in the served dtype.
@@ -89,9 +91,22 @@ def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | N
   t0 = time.perf_counter()
   params = merge_lora(learner_params, lora)
   served = serve_params(params, spec.rules, dtype=spec.dtype, layout=spec.layout)
+  if timings is not None:
+    jax.block_until_ready(served)
+  t1 = time.perf_counter()
   if mesh is not None:
+    # Quantized where the masters are, then only the packed codes and scales move: jax.device_put onto the
+    # sampler's NamedShardings copies each shard to its device (within a process; across processes it needs a
+    # collective, which a device_put between two meshes of one global program also is).
     served = shard_params(served, mesh)
   if timings is not None:
     jax.block_until_ready(served)
-    timings["sync_s"] = time.perf_counter() - t0
+    t2 = time.perf_counter()
+    moved = t2 - t1 if mesh is not None else 0.0
+    timings.update(sync_s=t2 - t0, sync_quantize_s=t1 - t0, sync_transfer_s=moved, sync_bytes=tree_bytes(served))
   return served
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of one copy of a (served) tree's arrays: QArray codes, scales and global scales included."""
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))

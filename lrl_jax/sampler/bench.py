@@ -311,6 +311,8 @@ def engine_bench(argv=None) -> int:
       rep_ids = [i for i in ids for _ in range(G)]
       t_out, label = _torch_row(path, rep_ids, args.new_tokens, args.repeats, threads)
       rows.append((b, "fixed", label, "f32", t_out))
+      shown = ", ".join(f"{m} {v:.1f} tok/s" for m, v in t_out.items()) if t_out else label
+      print(f"batch {b:4d} fixed {args.new_tokens} transformers: {shown}", flush=True)
     for f in args.formats:
       for temp in (0.0, 1.0):
         s = SamplingConfig(max_new_tokens=args.new_tokens, temperature=temp, eos_id=None, pad_id=enc.pad_id)

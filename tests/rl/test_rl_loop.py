@@ -134,6 +134,7 @@ def test_resume_gives_the_same_next_step_metrics(e2e, tmp_path):
   assert clock == sorted(clock)  # the run's clock goes on across the resume
 
 
+@pytest.mark.slow  # the default suite resumes an asynchronous off-policy run instead (test_a_failing_sampler_...)
 def test_off_policy_resume_generates_with_the_stale_weights_it_had(tmp_path):
   """An off-policy run's checkpoint keeps the served weights its next step generates with (offpolicy_<k>.npz): after
   an interruption the resumed steps have policy lag 1 and the uninterrupted run's numbers."""
@@ -241,17 +242,78 @@ def test_nonfinite_guard_stops_the_run_and_keeps_the_last_checkpoint(tmp_path, m
   assert [x["skipped"] for x in rl] == [0.0, 0.0, 1.0]
 
 
-def test_off_policy_generates_with_the_previous_weights(tmp_path):
-  # format_reward: well-formed wrong answers score 0.5, so that even the barely warmed-up model gets
-  # non-zero advantages and its weights move between steps.
-  r = train(
-    _cfg(tmp_path, "off", STEPS, "run.off_policy=true", "run.eval_every=0", "task.format_reward=0.5"),
-    progress=False,
-    export=False,
-  )
+# format_reward: well-formed wrong answers score 0.5, so that even the barely warmed-up model gets non-zero
+# advantages and its weights move between steps.
+OFF = (STEPS, "run.eval_every=2", "task.format_reward=0.5")
+# The sampler on device 7, generating step k + 1 in a thread while the learner (device 0) trains on step k. One
+# sampler device, so that its programs are the colocated run's (a tensor-parallel sampler sums its matmuls in
+# another order: μ then moves by ulps; tokens need not stay the same).
+ASYNC = ("run.async_rollouts=true", "run.placement=disaggregated", "sampler.mesh=[1,1]")
+
+
+@pytest.fixture(scope="module")
+def off_policy_run(tmp_path_factory):
+  """The synchronous one-step off-policy run, everything on the learner's device."""
+  return train(_cfg(tmp_path_factory.mktemp("off"), "off", *OFF, "run.off_policy=true"), progress=False, export=False)
+
+
+def test_off_policy_generates_with_the_previous_weights(off_policy_run):
+  r = off_policy_run
   assert [x["policy_lag"] for x in r.records] == [0, 1, 1, 1]
   # one-step-stale μ: the mismatch is the size of one update, far above the QAT round-off of step 0
   assert r.records[1]["mismatch/prob_abs_diff_mean"] > 100 * max(r.records[0]["mismatch/prob_abs_diff_mean"], 1e-9)
+
+
+def _numbers(rec):
+  """A record without its clock readings (times, rates, the timeline)."""
+  return {k: v for k, v in rec.items() if not k.startswith("time/") and k != "tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory):
+  return train(_cfg(tmp_path_factory.mktemp("async"), "async", *OFF, *ASYNC), progress=False, export=False)
+
+
+def test_async_disaggregated_rollouts_equal_the_synchronous_off_policy_run(async_run, off_policy_run):
+  """Step k + 1 generated on the sampler's own devices while the learner trains on step k gives the synchronous
+  off-policy run's numbers bit for bit (the same weights version per step, the same keys); only the timeline
+  changes: step k + 1's generation starts before step k's learning ends."""
+  a, b = async_run, off_policy_run
+  for x, y in zip(a.records, b.records):
+    assert _numbers(x) == _numbers(y), {k: (v, y.get(k)) for k, v in _numbers(x).items() if v != y.get(k)}
+  assert a.accuracy_before == b.accuracy_before and a.accuracy_after == b.accuracy_after
+  assert [x["policy_lag"] for x in a.records] == [0, 1, 1, 1]
+  recs = a.records
+  for k in range(len(recs) - 1):
+    assert recs[k + 1]["time/sample_start"] < recs[k]["time/learn_end"], k
+  assert all(x["sync/bytes"] > 0 and x["time/sync_transfer_s"] >= 0 for x in recs)
+  assert all(x["time/sync_transfer_s"] == 0 for x in b.records)  # no sampler mesh: nothing moves
+
+
+def test_a_failing_sampler_stops_the_run_with_the_step_and_resume_continues(tmp_path, monkeypatch, async_run):
+  """The sampler raising while it generates step 2 (in its thread, beside the learner's step 1): the run stops with
+  a `SamplerError` naming the step, the checkpoint of step 2 is intact, and --resume finishes the run as the
+  uninterrupted one did."""
+  cfg = _cfg(tmp_path, "fault", *OFF, *ASYNC, "run.ckpt_every=1")
+  real = loop._sample
+
+  def flaky(k, *args, **kw):
+    if k == 2:
+      raise OSError("sampler host lost")
+    return real(k, *args, **kw)
+
+  monkeypatch.setattr(loop, "_sample", flaky)
+  with pytest.raises(
+    loop.SamplerError, match=r"the sampler failed on RL step 2 \(weights version 1\): OSError: sampler"
+  ):
+    train(cfg, progress=False, export=False)
+  ck = L.Checkpointer(tmp_path / "fault" / "checkpoints", save_every=1)
+  assert ck.latest_step() == 2 and (tmp_path / "fault" / "offpolicy_2.npz").is_file()  # + the weights step 2 uses
+  ck.close()
+  monkeypatch.setattr(loop, "_sample", real)
+  r = train(cfg, resume=True, progress=False, export=False)
+  assert [_numbers(x) for x in r.records] == [_numbers(x) for x in async_run.records[2:]]
+  assert r.accuracy_after == async_run.accuracy_after
 
 
 @pytest.mark.parametrize(
