@@ -6,9 +6,9 @@ low-bit sampler; `RolloutBuffer` holds the step's `Rollout` on device and hands 
 """
 
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer, minibatch_rows
-from lrl_jax.rl.loop import RunResult, encode_prompt_batch, evaluate, restore_run, train
-from lrl_jax.rl.metrics import MetricsLogger, plot_run, read_metrics, smoothness, write_summary
-from lrl_jax.rl.setup import Setup, build_model, new_state
+from lrl_jax.rl.loop import RunResult, SamplerError, encode_prompt_batch, evaluate, restore_run, train
+from lrl_jax.rl.metrics import MetricsLogger, plot_run, read_metrics, smoothness, timeline_overlap, write_summary
+from lrl_jax.rl.setup import Setup, build_model, learner_mesh, new_state, sampler_mesh
 from lrl_jax.rl.sync import SyncSpec, merge_lora, sync, sync_spec
 from lrl_jax.rl.warmup import supervised_warmup
 
@@ -26,6 +26,9 @@ __all__ = [
   "encode_prompt_batch",
   "restore_run",
   "RunResult",
+  "SamplerError",
+  "learner_mesh",
+  "sampler_mesh",
   "Setup",
   "build_model",
   "new_state",
@@ -34,4 +37,5 @@ __all__ = [
   "plot_run",
   "write_summary",
   "smoothness",
+  "timeline_overlap",
 ]

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 __all__ = [
+  "timeline_overlap",
   "MetricsLogger",
   "read_metrics",
   "plot_run",
@@ -144,6 +145,44 @@ def smoothness(values) -> float:
   return float(np.std(np.diff(v))) if v.size >= 3 else float("nan")
 
 
+def timeline_overlap(records: Iterable[dict], *, skip: int = 1) -> dict[str, float]:
+  """How much the sampler and the learner overlapped in time, from the RL records' timeline.
+
+  Each record k carries `time/sample_start`/`_end` (generation + rewards of its rollouts) and `time/learn_start`/
+  `_end` (the learner on them), in seconds since the run's start. The window runs from the end of record `skip` − 1's
+  learning (`skip` = 1: after the first step, which compiles) to the last record's learning end.
+
+  Returns:
+    {"overlap_frac": seconds both sides are busy / window, "sampler_busy_frac", "learner_busy_frac",
+    "step_s": window / steps in it, "steps"}; NaNs when the records have no timeline or too few steps.
+  """
+  rl = [r for r in records if r.get("phase", "rl") == "rl" and "time/learn_end" in r]
+  if len(rl) <= skip:
+    return {
+      "overlap_frac": math.nan,
+      "sampler_busy_frac": math.nan,
+      "learner_busy_frac": math.nan,
+      "step_s": math.nan,
+      "steps": 0,
+    }
+  lo = rl[skip - 1]["time/learn_end"] if skip else min(r["time/sample_start"] for r in rl)
+  hi = rl[-1]["time/learn_end"]
+  clip = lambda a, b: (max(a, lo), min(b, hi))  # noqa: E731
+  samp = [clip(r["time/sample_start"], r["time/sample_end"]) for r in rl]
+  learn = [clip(r["time/learn_start"], r["time/learn_end"]) for r in rl]
+  length = lambda iv: sum(max(b - a, 0.0) for a, b in iv)  # noqa: E731  (each side's intervals are disjoint)
+  both = sum(max(min(b, d) - max(a, c), 0.0) for a, b in samp for c, d in learn)
+  w = max(hi - lo, 1e-12)
+  n = len(rl) - skip
+  return {
+    "overlap_frac": both / w,
+    "sampler_busy_frac": length(samp) / w,
+    "learner_busy_frac": length(learn) / w,
+    "step_s": w / n,
+    "steps": n,
+  }
+
+
 def plot_run(out_dir: str | os.PathLike, records: list[dict] | None = None) -> list[Path]:
   """PNG plots of a run: reward & accuracy vs step, mismatch vs step. Returns the written paths ([] if
   matplotlib is missing)."""
@@ -250,6 +289,7 @@ def write_run_summary(cfg, r, rl: list[dict]) -> str:
     ("mean KL(μ‖π) k3", _fmt(float(np.mean(kl)) if kl else None)),
     ("reward failures (scored 0) / skipped steps", f"{r.reward_failures} / {r.skipped_steps}"),
     ("time: generate / learner / sync", f"{tgen:.0f} s / {tlearn:.0f} s / {tsync:.1f} s"),
+    ("sampler and learner busy at once (after step 0)", _fmt(timeline_overlap(rl)["overlap_frac"], pct=True)),
     ("wall time", f"{r.wall_s:.0f} s"),
   ]
   after = getattr(r, "eval_after", {}) or {}

@@ -11,6 +11,7 @@ from lrl_jax import learner as L
 from lrl_jax import models, quant
 from lrl_jax.config import ConfigError, load_config
 from lrl_jax.rl import cli, loop, read_metrics, train
+from lrl_jax.rl import metrics as M
 
 QS = "configs/quickstart.yaml"
 # A few-step run: 4 prompts x G=4, short warm-up, small eval set, single-device learner.
@@ -288,6 +289,7 @@ def test_async_disaggregated_rollouts_equal_the_synchronous_off_policy_run(async
     assert recs[k + 1]["time/sample_start"] < recs[k]["time/learn_end"], k
   assert all(x["sync/bytes"] > 0 and x["time/sync_transfer_s"] >= 0 for x in recs)
   assert all(x["time/sync_transfer_s"] == 0 for x in b.records)  # no sampler mesh: nothing moves
+  assert M.timeline_overlap(a.records)["overlap_frac"] > 0 == M.timeline_overlap(b.records)["overlap_frac"]
 
 
 def test_a_failing_sampler_stops_the_run_with_the_step_and_resume_continues(tmp_path, monkeypatch, async_run):

@@ -394,3 +394,20 @@ def test_wilson_interval_matches_scipy():
     assert lo == pytest.approx(ci.low, abs=1e-12) and hi == pytest.approx(ci.high, abs=1e-12)
   with pytest.raises(ValueError, match="successes"):
     M.wilson_interval(5, 4)
+
+
+def test_timeline_overlap_of_a_hand_made_timeline():
+  """Three steps. Window: end of step 0's learning (t=4) to the last learning end (t=12). Sampler busy [4, 6) for
+  step 1 (its [3, 6) clipped) and [6, 9) for step 2; learner [5, 8) and [9, 12). Both busy: [5, 6) + [6, 8) = 3 s of
+  8 s; the sampler 5 s, the learner 6 s; 2 steps in the window, 4 s each."""
+  t = [(0, 2, 2, 4), (3, 6, 5, 8), (6, 9, 9, 12)]
+  recs = [
+    {"phase": "rl", "time/sample_start": a, "time/sample_end": b, "time/learn_start": c, "time/learn_end": d}
+    for a, b, c, d in t
+  ]
+  got = M.timeline_overlap(recs)
+  assert got == pytest.approx(
+    {"overlap_frac": 3 / 8, "sampler_busy_frac": 5 / 8, "learner_busy_frac": 6 / 8, "step_s": 4.0, "steps": 2},
+    rel=1e-12,
+  )
+  assert np.isnan(M.timeline_overlap(recs[:1])["overlap_frac"])  # nothing after the compiling step
