@@ -12,7 +12,7 @@ LIBTPU := $(VENV)/libtpu
 # --dist loadfile: a test file's tests share one worker, so its module fixtures and compiled programs are made once
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
-.PHONY: demo test lint format test-ref test-aot test-slow docs bench numerics clean
+.PHONY: demo test lint format test-ref test-aot test-slow test-multiprocess docs bench numerics clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,7 +40,10 @@ demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
 test: lint  ## the linter, then the default suite (< 15 min on 2 CPU cores)
-	$(PYTEST) -m "not slow and not ref and not device and not aot"
+	$(PYTEST) -m "not slow and not ref and not device and not aot and not multiprocess"
+
+test-multiprocess: $(STAMP)  ## jax.distributed across processes on 127.0.0.1 (each test starts its own; no xdist)
+	$(BIN)/python -m pytest -q -m multiprocess
 
 lint: $(STAMP)  ## the formatter and the linter (ruff, configured in pyproject.toml): the tree must be formatted and clean
 	$(BIN)/ruff format --check --diff .

@@ -35,6 +35,8 @@ import jax
 
 __all__ = ["initialize_distributed"]
 
+_AUTO = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
+
 
 def initialize_distributed(
   *,
@@ -65,6 +67,10 @@ def initialize_distributed(
       f"(got coordinator={coordinator_address!r}, num_processes={num_processes!r}, "
       f"process_id={process_id!r})"
     )
+  if any(given) or any(k in env for k in _AUTO):
+    # CPU devices of different processes reach each other through gloo (XLA:CPU's cross-process collectives);
+    # the setting concerns only the CPU backend and must precede its start.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if all(given):
     if num_processes < 1 or not 0 <= process_id < num_processes:
       raise ValueError(
@@ -77,8 +83,7 @@ def initialize_distributed(
       local_device_ids=local_device_ids,
     )
     return True
-  auto = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
-  if any(k in env for k in auto):
+  if any(k in env for k in _AUTO):
     jax.distributed.initialize(local_device_ids=local_device_ids)
     return True
   return False

@@ -1,0 +1,74 @@
+"""Two processes on localhost (`jax.distributed` over 127.0.0.1, 4 simulated CPU devices each) train the learner
+on one global mesh, write one orbax checkpoint together and restore it: the same numbers as one process with 8
+devices (`_mp_child.py` runs the processes' side)."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from lrl_jax import learner as L
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _mp_child  # noqa: E402
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_two_processes_train_and_checkpoint_like_one(tmp_path):
+  port = _free_port()
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+  # Each child's output goes to a file: with pipes, waiting on one child while the other fills its pipe (gloo logs
+  # every connection) blocks that one, and the first then waits forever in a collective.
+  logs = [tmp_path / f"{i}.log" for i in range(2)]
+  procs = []
+  for i in range(2):
+    argv = [str(HERE / "_mp_child.py"), str(i), str(port), str(tmp_path / "ckpt"), str(tmp_path / f"{i}.npz")]
+    with open(logs[i], "w") as f:
+      procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=f, stderr=subprocess.STDOUT))
+  try:
+    for p in procs:
+      p.wait(timeout=300)
+  finally:
+    for p in procs:
+      p.kill()
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-3000:]}"
+  got = [dict(np.load(tmp_path / f"{i}.npz")) for i in range(2)]
+
+  # the reference: one process, its 8 devices (tests/conftest.py), the batch placed whole
+  assert jax.device_count() == 8
+  mesh = L.make_mesh(data=8)
+  want = _mp_child.run(mesh, lambda b: L.shard_batch(jax.tree_util.tree_map(np.asarray, b), mesh), tmp_path / "one")
+  # Tolerance: the one difference is the order of the 8-way sums across the data axis (gloo between the processes,
+  # XLA's in-process all-reduce within one): f32 reordering, at most 7 ulps of the summed magnitudes. Loss and
+  # gradient norm: rtol 4e-6 (7 x 2^-23 = 8e-7, x5 for terms of mixed sign). Parameters after 2 AdamW steps at
+  # lr 1e-3: each update is lr * m / (sqrt(v) + eps), which a relative change d of an element's gradient moves by
+  # at most about lr * d; an element whose 8 partial gradients nearly cancel has a large d (seen: 2e-8 on one
+  # element of 2048, a d of 2e-5), so atol 1e-6 = lr x 1e-3 allows d up to 1e-3 per step, still 1000x below
+  # what a wrong reduction (a shard missing or counted twice: d of order 1/8) would give.
+  for i in range(2):
+    assert set(got[i]) == set(want)
+    assert int(got[i]["restored_step"]) == _mp_child.STEPS
+    for k, w in want.items():
+      if (
+        k.startswith("restored_") and k != "restored_step"
+      ):  # the checkpoint both processes wrote holds what they trained, bit for bit
+        np.testing.assert_array_equal(got[i][k], got[i]["param_" + k.split("_")[1]], err_msg=k)
+      elif k.startswith("param_"):
+        np.testing.assert_allclose(got[i][k], w, rtol=0, atol=1e-6, err_msg=f"process {i}: {k}")
+      elif k != "restored_step":
+        np.testing.assert_allclose(got[i][k], w, rtol=4e-6, err_msg=f"process {i}: {k}")
+    for k in got[i]:  # the two processes hold the same replicated results
+      np.testing.assert_array_equal(got[0][k], got[1][k], err_msg=k)
