@@ -65,7 +65,18 @@ def test_configs_say_what_they_claim():
     assert {**d["learner"], "correction": None} == {**base["learner"], "correction": None}
     assert {**d["run"], "out_dir": None} == {**base["run"], "out_dir": None}
   # The experiment arms share model, data, steps and seeds.
-  arms = [c for n, c in cfg.items() if n != "quickstart" and not n.startswith(("smollm2", "dapo"))]
+  arms = [c for n, c in cfg.items() if not n.startswith(("quickstart", "smollm2", "dapo"))]
+  # The asynchronous quickstart is the quickstart with its placement (and its output directory).
+  a, b = cfg["quickstart_async"].to_dict(), q.to_dict()
+  assert (a["run"].pop("placement"), a["run"].pop("async_rollouts"), a["sampler"].pop("mesh")) == (
+    "disaggregated",
+    True,
+    [1, 4],
+  )
+  assert a["learner"].pop("mesh") == [4, 1, 1] and a["run"].pop("out_dir") != b["run"].pop("out_dir")
+  for sec, key in (("run", "placement"), ("run", "async_rollouts"), ("sampler", "mesh"), ("learner", "mesh")):
+    b[sec].pop(key)
+  assert a == b
   assert len({(c.model, c.task, c.run.steps, c.run.seed, c.run.sft_steps, c.run.batch_prompts) for c in arms}) == 1
   # The DAPO configs are their base configs plus the dapo section (and, on the quickstart, room for the length penalty).
   for name, base_name in (("dapo_quickstart", "quickstart"), ("dapo_smollm2", "smollm2_grpo")):
