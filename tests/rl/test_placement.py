@@ -97,3 +97,24 @@ def test_sync_moves_the_packed_tree_to_the_sampler_devices_bit_for_bit(fmt):
   if fmt == "bf16":
     n = sum(x.size for x in jax.tree_util.tree_leaves(params))
     assert t["sync_bytes"] == 2 * n and all(a.dtype == jnp.bfloat16 for a in got.values())
+
+
+def test_misaligned_kernels_names_the_kernels_whose_k_shard_splits_a_group():
+  """SmolLM2-135M shapes (D = 576, F = 1536; eval_shape only). On fsdp=4, the kernels with K = D (q, k, v, gate, up)
+  have 144-row shards: INT4 g64 groups straddle them, NVFP4 16-blocks do not; down_proj and
+  o_proj put K on the tensor axis (size 1 here). fsdp=3: 192-row shards, 3 groups of 64 each: nothing to report."""
+  from lrl_jax.rl.setup import misaligned_kernels  # noqa: PLC0415
+
+  abstract = jax.eval_shape(lambda: models.init_params(models.SMOLLM2_135M, jax.random.PRNGKey(0)))
+  g64 = quant.QuantRules.default(quant.Int4(group_size=64))
+  fsdp4 = L.make_mesh(fsdp=4, devices=jax.devices()[:4])
+  got = misaligned_kernels(abstract, g64, fsdp4)
+  names = sorted(x.split(":")[0] for x in got)
+  want = [f"layers/{m}/{k}/kernel" for m, k in (("attn", "k_proj"), ("attn", "q_proj"), ("attn", "v_proj"))]
+  want += [f"layers/mlp/{k}/kernel" for k in ("gate_proj", "up_proj")]
+  assert names == sorted(want), got
+  assert "K=576 over fsdp=4 is 144 rows per shard, blocks of 64" in got[0]
+  assert misaligned_kernels(abstract, quant.QuantRules.default(quant.NVFP4()), fsdp4) == []
+  assert misaligned_kernels(abstract, quant.QuantRules.default(quant.FP8()), fsdp4) == []  # per channel: all of K
+  assert misaligned_kernels(abstract, g64, L.make_mesh(fsdp=3, devices=jax.devices()[:3])) == []
+  assert misaligned_kernels(abstract, g64, None) == [] and misaligned_kernels(abstract, None, fsdp4) == []
