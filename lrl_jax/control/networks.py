@@ -139,5 +139,4 @@ def served_apply(served, x: jax.Array, *, activation: Activation = "tanh") -> ja
 
 def param_bytes(tree) -> int:
   """Bytes of a (float or served) parameter tree: QArray.nbytes for quantized kernels."""
-  leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda t: isinstance(t, quant.QArray))
-  return int(sum(l.nbytes if isinstance(l, quant.QArray) else np.asarray(l).nbytes for l in leaves))
+  return quant.tree_nbytes(tree)

@@ -19,7 +19,15 @@ from lrl_jax.quant.packing import (
   unpack_int4_compressed_tensors,
   unpack_nibbles,
 )
-from lrl_jax.quant.qarray import QArray, check_spec, dequantize, fake_quant, learned_fake_quant, quantize
+from lrl_jax.quant.qarray import (
+  QArray,
+  check_spec,
+  dequantize,
+  fake_quant,
+  learned_fake_quant,
+  quantize,
+  tree_nbytes,
+)
 from lrl_jax.quant.rules import (
   DEFAULT_TARGETS,
   SCALE_SUFFIX,
@@ -50,6 +58,7 @@ __all__ = [
   "NVFP4WAG",
   "Spec",
   "QArray",
+  "tree_nbytes",
   "quantize",
   "dequantize",
   "fake_quant",

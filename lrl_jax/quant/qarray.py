@@ -30,7 +30,7 @@ from jax import lax
 from lrl_jax.quant import packing
 from lrl_jax.quant.specs import FP4_MAX, FP8, FP8_MAX, INT4_MAX, INT4_SCALE_FLOOR, MXFP8, NVFP4, NVFP4WAG, Int4, Spec
 
-__all__ = ["QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec"]
+__all__ = ["QArray", "quantize", "dequantize", "fake_quant", "learned_fake_quant", "check_spec", "tree_nbytes"]
 
 _F32_TINY = float(jnp.finfo(jnp.float32).tiny)  # smallest normal f32: CPUs flush denormals to zero
 _F32_MAX = float(jnp.finfo(jnp.float32).max)
@@ -100,6 +100,12 @@ class QArray:
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def tree_nbytes(tree) -> int:
+  """Bytes of one copy of a (float or served) parameter tree: QArray codes, scales, global scales and zero points
+  included (each QArray counts its `nbytes`). Arrays or `jax.ShapeDtypeStruct`s; nothing is copied to the host."""
+  return int(sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree)))
 
 
 def _normalize_axis(spec: Spec, shape: tuple[int, ...], axis: int) -> int:

@@ -9,8 +9,8 @@ lrl-jax bench sync [--model smollm2] [--learner 4] [--sampler 4] [--repeats 5]
   the served tree, median seconds of each part over `repeats` round-robin rounds, and the ratios to bf16.
 
 Without an accelerator it simulates 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set here
-when the backend has not started yet): a "transfer" is then a copy within host memory, so its time follows the
-bytes and no interconnect; on GPUs / TPUs it is the real one.
+when the backend has not started yet): a "transfer" is then a host memcpy plus the reshard, no interconnect, and
+its time need not follow the bytes (measured: it does not; `lrl_jax/rl/README.md`); on GPUs / TPUs it is the real one.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def main(argv=None) -> int:
 
   from lrl_jax import learner as L  # noqa: PLC0415
   from lrl_jax import models, quant  # noqa: PLC0415
-  from lrl_jax.rl.sync import SyncSpec, sync, tree_bytes  # noqa: PLC0415
+  from lrl_jax.rl.setup import make_sampler_mesh  # noqa: PLC0415
+  from lrl_jax.rl.sync import SyncSpec, sync  # noqa: PLC0415
 
   n_l, n_s = args.learner, args.sampler
   devs = jax.devices()
@@ -55,12 +56,9 @@ def main(argv=None) -> int:
     n: SyncSpec(rules=None if s is None else quant.QuantRules.default(s), dtype=jnp.bfloat16)
     for n, s in formats.items()
   }
-  auto = (jax.sharding.AxisType.Auto,) * 2
   sampler = {
-    "disaggregated": jax.sharding.Mesh(
-      np.asarray(devs[n_l : n_l + n_s]).reshape(1, n_s), ("data", "tensor"), axis_types=auto
-    ),
-    "colocated": jax.sharding.Mesh(np.asarray(devs[:n_s]).reshape(1, n_s), ("data", "tensor"), axis_types=auto),
+    "disaggregated": make_sampler_mesh(devs[n_l : n_l + n_s], 1, n_s),
+    "colocated": make_sampler_mesh(devs[:n_s], 1, n_s),
   }
   print(
     f"bench sync: {args.model} shapes, backend {jax.default_backend()}, learner fsdp={n_l} on devices 0-{n_l - 1}, "
@@ -70,7 +68,7 @@ def main(argv=None) -> int:
   if args.model != "smollm2":
     abstract = jax.eval_shape(lambda: models.init_params(mc, jax.random.key(0)))
     print("\n| served | bytes (one copy) | vs bf16 |\n|---|---|---|")
-    sizes = {n: tree_bytes(jax.eval_shape(lambda p, s=s: sync(p, s), abstract)) for n, s in specs.items()}
+    sizes = {n: quant.tree_nbytes(jax.eval_shape(lambda p, s=s: sync(p, s), abstract)) for n, s in specs.items()}
     for n, b in sizes.items():
       print(f"| {n} | {b / 2**30:.2f} GiB | {b / sizes['bf16']:.3f}x |")
     return 0

@@ -35,6 +35,7 @@ import functools
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -309,11 +310,9 @@ class _Rollouts:
   """
 
   def __init__(self, setup: Setup, cfg, *, queue, sample_key, pool, t_start: float, asynchronous: bool):
-    import concurrent.futures  # noqa: PLC0415
-
     self._args = (setup, cfg, sample_key, pool, t_start)
     self._queue = queue
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lrl-sampler") if asynchronous else None
+    self._pool = ThreadPoolExecutor(1, thread_name_prefix="lrl-sampler") if asynchronous else None
     self._pending: dict[int, Any] = {}
 
   def _run(self, k, served_lora, version):
@@ -358,6 +357,7 @@ def _rl_step(
   ref_params,
   mesh,
   sampler_mesh,
+  off_policy: bool,
   guard: L.NonFiniteGuard,
   timings: dict,
   t_start: float,
@@ -365,7 +365,6 @@ def _rl_step(
   """The learner's part of RL step k on its rollouts; returns (state, metrics record)."""
   lcfg = cfg.learner
   K = lcfg.minibatches
-  off_policy = cfg.run.off_policy or cfg.run.async_rollouts
   roll, rewards, rstats, gen, version = sampled.roll, sampled.rewards, sampled.rstats, sampled.gen, sampled.version
   shaped, shaping, out_of_loss = _shape(roll, rewards, setup, cfg)
   if out_of_loss is not None:
@@ -644,6 +643,7 @@ def train(
         ref_params=ref_params,
         mesh=mesh,
         sampler_mesh=smesh,
+        off_policy=queue is not None,
         guard=guard,
         timings=timings,
         t_start=t_start,

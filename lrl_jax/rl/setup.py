@@ -28,6 +28,7 @@ __all__ = [
   "new_state",
   "learner_mesh",
   "sampler_mesh",
+  "make_sampler_mesh",
   "misaligned_kernels",
   "served_model_config",
 ]
@@ -158,11 +159,14 @@ def sampler_mesh(cfg):
   devices, which the learner does not use; the sync moves the served (packed low-bit) weights there.
   """
   _, devs, _ = _device_split(cfg)
-  if devs is None:
-    return None
-  d, t = cfg.sampler.mesh
+  return None if devs is None else make_sampler_mesh(devs, *cfg.sampler.mesh)
+
+
+def make_sampler_mesh(devices, data: int, tensor: int):
+  """A (data, tensor) mesh with Auto axes over `devices` in their order (the sampler's rules' axis names)."""
   auto = (jax.sharding.AxisType.Auto,) * 2
-  return jax.sharding.Mesh(np.asarray(devs, dtype=object).reshape(d, t), ("data", "tensor"), axis_types=auto)
+  grid = np.asarray(devices, dtype=object).reshape(data, tensor)
+  return jax.sharding.Mesh(grid, ("data", "tensor"), axis_types=auto)
 
 
 def _k_block(spec) -> int | None:

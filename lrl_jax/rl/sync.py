@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from lrl_jax import quant
 from lrl_jax.sampler import serve_params, shard_params
 
-__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora", "tree_bytes"]
+__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,10 +103,5 @@ def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | N
     jax.block_until_ready(served)
     t2 = time.perf_counter()
     moved = t2 - t1 if mesh is not None else 0.0
-    timings.update(sync_s=t2 - t0, sync_quantize_s=t1 - t0, sync_transfer_s=moved, sync_bytes=tree_bytes(served))
+    timings.update(sync_s=t2 - t0, sync_quantize_s=t1 - t0, sync_transfer_s=moved, sync_bytes=quant.tree_nbytes(served))
   return served
-
-
-def tree_bytes(tree) -> int:
-  """Bytes of one copy of a (served) tree's arrays: QArray codes, scales and global scales included."""
-  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))

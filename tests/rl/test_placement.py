@@ -12,7 +12,6 @@ from lrl_jax.config import ConfigError, load_config
 from lrl_jax.quant.rules import path_str
 from lrl_jax.rl import sync
 from lrl_jax.rl.setup import learner_mesh, sampler_mesh
-from lrl_jax.rl.sync import tree_bytes
 
 QS = "configs/quickstart.yaml"
 
@@ -90,7 +89,7 @@ def test_sync_moves_the_packed_tree_to_the_sampler_devices_bit_for_bit(fmt):
     assert a.dtype == want[k].dtype and a.shape == want[k].shape, k
     np.testing.assert_array_equal(np.asarray(a).view(np.uint8), np.asarray(want[k]).view(np.uint8), err_msg=k)
   assert set(t) == {"sync_s", "sync_quantize_s", "sync_transfer_s", "sync_bytes"}
-  assert t["sync_bytes"] == tree_bytes(moved) == sum(int(np.asarray(a).nbytes) for a in got.values())
+  assert t["sync_bytes"] == quant.tree_nbytes(moved) == sum(int(np.asarray(a).nbytes) for a in got.values())
   if fmt == "int4":
     k = moved["layers"]["mlp"]["up_proj"]["kernel"]  # [L, K=64, N=128], groups of 32 along K
     assert k.codes.nbytes == 2 * 64 * 128 // 2 and k.scale.nbytes == 2 * (64 // 32) * 128 * 2
