@@ -311,6 +311,7 @@ class RunSection(Schema):
   batch_prompts: int = 16  # prompts per RL step (each sampled G times)
   sft_batch: int | None = None  # sequences per supervised step; null = batch_prompts × sampler.group_size
   sft_lr: float | None = None  # constant learning rate of the supervised warm-up; null = learner.lr
+  warmup_cache: str | None = None  # directory of finished warm-ups keyed by all their inputs; null = always train
   recover_steps: int = 0  # QAT recovery before RL: steps distilling the float model into its quantized copy
   recover_lr: float | None = None  # constant learning rate of the recovery; null = learner.lr
   recover_eval_every: int = 0  # recovery steps between evaluations of the served weights (0 = none during it)
@@ -319,6 +320,7 @@ class RunSection(Schema):
   out_dir: str = "runs/default"  # metrics, plots, checkpoints and the resolved config go here
   off_policy: bool = False  # one-step off-policy: batch k is generated with the weights synced at step k − 1
   async_rollouts: bool = False  # generate batch k+1 while the learner trains on batch k (implies off_policy)
+  max_staleness: int = 1  # off-policy: batch k is generated with the weights of step k − max_staleness; older: dropped
   placement: Literal["colocated", "disaggregated"] = "colocated"  # disaggregated: the sampler on its own devices
   max_nonfinite_steps: int = 3  # stop after this many non-finite steps in a row
 
@@ -329,9 +331,11 @@ class RunSection(Schema):
     self._check(self.batch_prompts >= 1, "batch_prompts", "must be >= 1")
     self._check(self.sft_batch is None or self.sft_batch >= 1, "sft_batch", "must be >= 1 or null")
     self._check(self.sft_lr is None or self.sft_lr > 0, "sft_lr", "must be > 0 or null")
+    self._check(self.warmup_cache is None or bool(self.warmup_cache), "warmup_cache", "must be a directory or null")
     self._check(self.recover_lr is None or self.recover_lr > 0, "recover_lr", "must be > 0 or null")
     self._check(bool(self.out_dir), "out_dir", "must not be empty")
     self._check(self.max_nonfinite_steps >= 1, "max_nonfinite_steps", "must be >= 1")
+    self._check(self.max_staleness >= 1, "max_staleness", "must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -290,7 +290,8 @@ def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: 
     per-batch array), "acrl_y" (`Mean` of Y over sequences), "frac_y_above_x" (`Mean`
     over sequences), "weight_mean" (`Mean` over tokens), "weight_max" (`Max`),
     "frac_truncated" (ρ > C), "frac_enhanced" (ρ > 1), "frac_suppressed" (ρ < 1)
-    (`Mean` over tokens), "ess_token" (per-batch).
+    (`Mean` over tokens), "ess_token" (per-batch); how far the control acts: "alpha_abs_mean" (|α|),
+    "rho_dev_mean" (|ρ − 1|, `Mean` over tokens) and "rho_dev_max" (`Max`), ρ before the clip at C.
   """
   fn = "acrl_weights"
   _check_bounds(fn, clip_c=clip_c)
@@ -312,6 +313,7 @@ def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: 
   n_seq = x_batch.count
   has = jnp.sum(m, axis=1) > 0
   metrics = _weight_metrics(w, m, m & (log_rho > log_c), log_w, "token")
+  rho_dev = jnp.where(m, jnp.abs(jnp.expm1(log_rho)), 0.0)
   n_tok = jnp.sum(m).astype(C.F32)
   metrics.update(
     {
@@ -320,6 +322,9 @@ def acrl_weights(state: ACRLState, old_logp, sampler_logp, adv, mask, *, gamma: 
       "frac_y_above_x": Mean(jnp.sum((has & (y > x)).astype(C.F32)), n_seq),
       "frac_enhanced": Mean(C.msum((log_rho > 0).astype(C.F32), m), n_tok),
       "frac_suppressed": Mean(C.msum((log_rho < 0).astype(C.F32), m), n_tok),
+      "alpha_abs_mean": Mean(C.msum(jnp.abs(alpha), m), n_tok),
+      "rho_dev_mean": Mean(C.msum(rho_dev, m), n_tok),
+      "rho_dev_max": Max(jnp.max(jnp.where(m, rho_dev, 0.0))),
     }
   )
   return sg(w), new_state, metrics

@@ -13,6 +13,7 @@ corrections matter.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 import numpy as np
@@ -69,31 +70,38 @@ class RolloutBuffer:
 
 
 class OffPolicyQueue:
-  """The served weights of the last sync, handed to the *next* step's generation (one step stale).
+  """The served weights of the last `staleness` syncs: step k generates with the weights synced at step
+  k − staleness (the run's first steps, before there are that many: with the first sync's).
 
-  `swap(new)` stores `new` and returns what was stored before (or `new` itself on the first call), so the
-  sampler of step k generates with the weights synced at step k − 1.
+  `swap(new, version)` stores `new` and returns the weights step `version` generates with; with staleness 1 the
+  sampler of step k generates with the weights synced at step k − 1 (one step off-policy).
   """
 
-  def __init__(self):
-    self._held: Any = None
-    self._version: int | None = None
+  def __init__(self, staleness: int = 1):
+    if staleness < 1:
+      raise ValueError(f"OffPolicyQueue: staleness must be >= 1; got {staleness}")
+    self.staleness = staleness
+    self._held: collections.deque = collections.deque()
 
   @property
-  def held(self):
-    """(served weights kept for the next step, their version), or None before the first swap: what a checkpoint of
-    an off-policy run must keep for its resume to generate as the uninterrupted run does."""
-    return None if self._held is None else (self._held, self._version)
+  def held(self) -> list[tuple[Any, int]]:
+    """[(served weights, version)] kept for the next steps, oldest first ([] before the first swap): what a
+    checkpoint of an off-policy run must keep for its resume to generate as the uninterrupted run does."""
+    return list(self._held)
 
-  def restore(self, served, version: int) -> None:
-    """Puts back what `held` gave (a resumed run)."""
-    self._held, self._version = served, version
+  def peek(self):
+    """(served weights, version) the next `swap` will hand out (the oldest held): with asynchronous rollouts, what
+    the next step generates with before its own sync."""
+    return self._held[0]
+
+  def restore(self, held: list[tuple[Any, int]]) -> None:
+    """Puts back what `held` gave (a resumed run); keeps the newest `staleness` of them."""
+    self._held = collections.deque(list(held)[-self.staleness :])
 
   def swap(self, served, version: int):
-    """(served tree to generate with, its version); keeps `served` for the next call."""
-    if self._held is None:
-      out, v = served, version
-    else:
-      out, v = self._held, self._version
-    self._held, self._version = served, version
-    return out, v
+    """(served tree to generate with, its version); keeps `served` for the next `staleness` calls."""
+    self._held.append((served, version))
+    out = self._held[0]
+    if len(self._held) > self.staleness:
+      self._held.popleft()
+    return out

@@ -19,6 +19,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from lrl_jax.config import ConfigError, load_config
 
 __all__ = [
@@ -30,6 +34,8 @@ __all__ = [
   "check_run_dir",
   "write_config",
   "clear_run",
+  "save_tree",
+  "load_tree",
 ]
 
 # Keys a resumed run may change: they steer what is left of the run, not what the checkpoint holds. (run.steps
@@ -41,6 +47,8 @@ RESUMABLE = frozenset(
     "run.ckpt_every",
     "run.max_nonfinite_steps",
     "run.out_dir",
+    "run.warmup_cache",
+    "run.max_staleness",
     "task.eval_size",
     "task.reward_timeout_s",
     "task.transfer_digits",
@@ -141,7 +149,7 @@ def clear_run(out: Path) -> None:
   """Removes an earlier run's outputs from `out` (an overwrite): its checkpoints and the files a run writes."""
   shutil.rmtree(out / "checkpoints", ignore_errors=True)
   shutil.rmtree(out / "tb", ignore_errors=True)
-  for f in out.glob("offpolicy_*.npz"):
+  for f in [*out.glob("offpolicy_*.npz"), *out.glob("offpolicy_*.json")]:
     f.unlink(missing_ok=True)
   for name in (
     "metrics.jsonl",
@@ -162,3 +170,29 @@ def write_config(cfg, out: Path, changes: dict[str, tuple[Any, Any]] | None = No
   if changes:
     with open(out / "config_history.jsonl", "a", encoding="utf-8") as f:
       f.write(json.dumps({"resumed_at_rl_step": step, "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
+
+
+def save_tree(path: Path, tree) -> None:
+  """The leaves of `tree` in one .npz, written whole (a temporary file renamed into place)."""
+  leaves = jax.tree_util.tree_leaves(tree)
+  tmp = path.with_name(path.name + ".tmp")
+  with open(tmp, "wb") as f:
+    np.savez(f, *[np.asarray(x) for x in leaves])
+  tmp.replace(path)
+
+
+def load_tree(path: Path, like):
+  """`save_tree`'s leaves in `like`'s structure and dtypes (.npz stores bfloat16 / float8 as raw bytes).
+
+  Raises ValueError naming the file when its leaves do not match `like`'s count or shapes (no partial load)."""
+  like_leaves = jax.tree_util.tree_leaves(like)
+  with np.load(path) as data:
+    if len(data.files) != len(like_leaves):
+      raise ValueError(f"{path}: holds {len(data.files)} arrays; the tree to load into has {len(like_leaves)} leaves")
+    leaves = []
+    for i, x in enumerate(like_leaves):
+      a = data[f"arr_{i}"].view(np.dtype(x.dtype))
+      if a.shape != tuple(x.shape):
+        raise ValueError(f"{path}: array {i} has shape {a.shape}; the tree to load into has {tuple(x.shape)} there")
+      leaves.append(jnp.asarray(a))
+  return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)

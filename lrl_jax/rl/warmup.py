@@ -8,19 +8,30 @@ constant `run.sft_lr` and the learner's forward (QAT when `quant.learner` is set
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from tqdm.auto import tqdm
 
 from lrl_jax import learner as L
 from lrl_jax import quant
 from lrl_jax.rl import metrics as M
+from lrl_jax.rl.rundir import load_tree, save_tree
 from lrl_jax.rollout import Rollout
 
-__all__ = ["supervised_warmup", "prepare_qat_params", "warmup_learner_config", "keep_if_finite", "NonFiniteCounter"]
+__all__ = [
+  "supervised_warmup",
+  "warmup_key",
+  "prepare_qat_params",
+  "warmup_learner_config",
+  "keep_if_finite",
+  "NonFiniteCounter",
+]
 
 
 def warmup_learner_config(cfg) -> L.LearnerConfig:
@@ -98,13 +109,50 @@ class NonFiniteCounter:
       )
 
 
+def warmup_key(cfg, setup, params) -> str:
+  """A digest of everything the warm-up's result depends on: the starting parameters (bytes, dtypes, shapes and
+  tree structure, so the model's init and the seed), the model config, the task (its data seed and settings), the
+  warm-up's learner config (numerics, optimizer, learning rate), the batch size and the step count. Two runs with
+  the same key train the same warm-up; the code is not part of the key (clear the cache after changing it)."""
+  h = hashlib.sha256()
+  n = cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
+  for part in (setup.model_cfg, warmup_learner_config(cfg), setup.task, n, cfg.run.sft_steps):
+    h.update(repr(part).encode())
+  h.update(str(jax.tree_util.tree_structure(params)).encode())
+  for x in jax.tree_util.tree_leaves(params):
+    a = np.asarray(x)
+    h.update(f"{a.dtype}{a.shape}".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()[:32]
+
+
 def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = None, progress: bool = True):
   """`run.sft_steps` steps of cross-entropy on the task's answers (+ EOS) (`warmup_learner_config`); batches of
-  `run.sft_batch` sequences (default: batch_prompts × group_size). Returns the params."""
+  `run.sft_batch` sequences (default: batch_prompts × group_size). Returns the params.
+
+  With `run.warmup_cache` set, a finished warm-up is saved there under `warmup_key` and read back by any later run
+  with the same key (experiment arms that differ only after the warm-up share it: the same numbers, trained once).
+  """
   params = prepare_qat_params(cfg, params)
   steps = cfg.run.sft_steps
   if steps == 0:
     return params
+  cached = None
+  if cfg.run.warmup_cache:
+    cached = Path(cfg.run.warmup_cache) / f"warmup_{warmup_key(cfg, setup, params)}.npz"
+    if cached.is_file():
+      like = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), params)
+      print(f"warm-up: read from {cached} (run.warmup_cache)", flush=True)
+      return load_tree(cached, like)
+  params = _train_warmup(cfg, setup, params, logger=logger, progress=progress)
+  if cached is not None:
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    save_tree(cached, params)
+  return params
+
+
+def _train_warmup(cfg, setup, params, *, logger, progress):
+  steps = cfg.run.sft_steps
   lcfg = warmup_learner_config(cfg)
   n = cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
   params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32), params)

@@ -238,8 +238,9 @@ def mis(old_logp, sampler_logp, mask, *, level, lo, hi, keep_ratio=False):
   return w, rejected
 
 
-def acrl(old_logp, sampler_logp, adv, mask, *, x=None, gamma=0.65, c=2.0):
-  """Returns (weights, X used); X measured on this batch when x is None."""
+def acrl(old_logp, sampler_logp, adv, mask, *, x=None, gamma=0.65, c=2.0, full=False):
+  """Returns (weights, X used); X measured on this batch when x is None. full: also the per-token lists of α and
+  ρ (before the clip at c) over the real tokens."""
   mask = np.asarray(mask, bool)
   b, t = mask.shape
   adv = f64(adv)
@@ -253,6 +254,7 @@ def acrl(old_logp, sampler_logp, adv, mask, *, x=None, gamma=0.65, c=2.0):
   if x is None:
     x = sum(ys.values()) / len(ys)
   w = np.zeros((b, t))
+  alphas, rhos = [], []
   for i, y in ys.items():
     for j in real_positions(mask[i]):
       alpha = gamma * np.sign(adv[i, j]) * ((1 - y / x) if x > 0 else 0.0)
@@ -268,4 +270,6 @@ def acrl(old_logp, sampler_logp, adv, mask, *, x=None, gamma=0.65, c=2.0):
       else:
         rho = (p / mu) ** alpha
       w[i, j] = min(rho, c)
-  return w, x
+      alphas.append(alpha)
+      rhos.append(rho)
+  return (w, x, alphas, rhos) if full else (w, x)

@@ -190,9 +190,14 @@ def test_acrl_vs_reference_random(seed, gamma):
   adv = np.random.default_rng(seed + 1).normal(size=pi.shape)
   x = 0.05
   w, _, met = L.acrl_weights(L.acrl_init(x), pi, mu, adv, m, gamma=gamma)
-  want, _ = ref.acrl(pi, mu, adv, m, x=x, gamma=gamma)
+  want, _, alphas, rhos = ref.acrl(pi, mu, adv, m, x=x, gamma=gamma, full=True)
   np.testing.assert_allclose(w, want, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(met["weight_mean"].value, want[m].mean(), rtol=1e-4)
+  # how far the control acts: |α| and |ρ − 1| (ρ = r^α in f32: rtol 1e-4 as for w; atol for ρ ≈ 1)
+  dev = np.abs(np.asarray(rhos) - 1.0)
+  np.testing.assert_allclose(met["alpha_abs_mean"].value, np.mean(np.abs(alphas)), rtol=1e-5)
+  np.testing.assert_allclose(met["rho_dev_mean"].value, dev.mean(), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(met["rho_dev_max"].value, dev.max(), rtol=1e-4, atol=1e-6)
 
 
 def test_acrl_edge_cases():

@@ -1,5 +1,6 @@
 """End-to-end checks of the RL loop on the tiny model: metrics, resume, reward failures, NaN guard, CLI."""
 
+import json
 import math
 
 import jax
@@ -316,6 +317,22 @@ def test_a_failing_sampler_stops_the_run_with_the_step_and_resume_continues(tmp_
   r = train(cfg, resume=True, progress=False, export=False)
   assert [_numbers(x) for x in r.records] == [_numbers(x) for x in async_run.records[2:]]
   assert r.accuracy_after == async_run.accuracy_after
+
+
+def test_async_rollouts_two_steps_stale_resume_with_the_weights_they_held(tmp_path):
+  """run.max_staleness=2: step k generates with the weights synced at step k − 2 (policy lag 0, 1, 2, 2); the
+  checkpoint keeps both weights the next steps need, with their versions, and a resume after an interruption gives
+  the uninterrupted run's numbers."""
+  extra = (*OFF, *ASYNC, "run.max_staleness=2", "run.ckpt_every=2")
+  full = train(_cfg(tmp_path, "full", *extra), progress=False, export=False)
+  assert [x["policy_lag"] for x in full.records] == [0, 1, 2, 2]
+  assert all(x["stale_dropped"] == 0 for x in full.records)
+  cfg = _cfg(tmp_path, "b", *extra)
+  with pytest.raises(KeyboardInterrupt):
+    train(cfg, progress=False, export=False, _fail_after=2)
+  assert json.loads((tmp_path / "b" / "offpolicy_2.json").read_text()) == {"versions": [0, 1]}
+  resumed = train(cfg, resume=True, progress=False, export=False)
+  assert [_numbers(x) for x in resumed.records] == [_numbers(x) for x in full.records[2:]]
 
 
 @pytest.mark.parametrize(

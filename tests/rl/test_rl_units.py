@@ -200,6 +200,49 @@ def test_off_policy_queue_hands_out_the_previous_sync():
   assert q.swap("w0", 0) == ("w0", 0)
   assert q.swap("w1", 1) == ("w0", 0)
   assert q.swap("w2", 2) == ("w1", 1)
+  assert q.held == [("w2", 2)] and q.peek() == ("w2", 2)
+
+
+def test_off_policy_queue_with_staleness_2():
+  """Step k generates with the weights of step k − 2 (the first steps: with the first sync's)."""
+  q = OffPolicyQueue(2)
+  got = [q.swap(f"w{k}", k)[1] for k in range(6)]
+  assert got == [0, 0, 0, 1, 2, 3]
+  assert q.held == [("w4", 4), ("w5", 5)] and q.peek() == ("w4", 4)  # step 6's weights: version 4
+  r = OffPolicyQueue(2)
+  r.restore(q.held)  # a resume hands out what the uninterrupted queue would
+  assert [r.swap(f"w{k}", k)[1] for k in (6, 7)] == [q.swap(f"w{k}", k)[1] for k in (6, 7)] == [4, 5]
+  one = OffPolicyQueue(1)
+  one.restore([("w4", 4), ("w5", 5)])  # a resume that lowered run.max_staleness keeps the newest
+  assert one.swap("w6", 6) == ("w5", 5)
+  with pytest.raises(ValueError, match="staleness must be >= 1; got 0"):
+    OffPolicyQueue(0)
+
+
+def test_rollouts_staler_than_max_staleness_are_dropped_counted_and_regenerated(monkeypatch):
+  """A batch generated with weights older than run.max_staleness versions is never trained on: `_Rollouts.get`
+  drops it, counts it and generates step k again with step k's own weights."""
+  from lrl_jax.rl import loop
+
+  calls = []
+
+  def fake_sample(k, served, version, *args):
+    calls.append((k, served, version))
+    return loop._Sampled(roll=served, rewards=None, rstats={}, gen={}, version=version, start=0.0, end=0.0)
+
+  monkeypatch.setattr(loop, "_sample", fake_sample)
+  cfg = load_config(QS, ["run.off_policy=true", "run.max_staleness=1"])
+  q = OffPolicyQueue(3)  # holds weights 3 versions old: more than the run allows
+  q.restore([("w2", 2), ("w3", 3), ("w4", 4)])
+  r = loop._Rollouts(None, cfg, queue=q, sample_key=None, pool=None, t_start=0.0, asynchronous=False)
+  out = r.get(5, "w5", last=False)
+  assert (out.version, out.roll) == (5, "w5") and r.stale_dropped == 1
+  assert calls == [(5, "w2", 2), (5, "w5", 5)]
+  fresh = loop._Rollouts(
+    None, cfg, queue=OffPolicyQueue(1), sample_key=None, pool=None, t_start=0.0, asynchronous=False
+  )
+  assert fresh.get(0, "w0", last=False).version == 0 and fresh.get(1, "w1", last=False).version == 0
+  assert fresh.stale_dropped == 0
 
 
 def test_group_advantages_match_numpy():
@@ -304,14 +347,15 @@ def test_results_render_tables_and_claims():
   from lrl_jax.rl.experiments import RunSummary, render
 
   nan = float("nan")
-  runs = [
-    RunSummary(
-      arm="bf16",
-      seed=s,
-      accuracy_before=0.5,
-      accuracy_after=a,
+
+  def run(arm, seed, before, after, mismatch):
+    return RunSummary(
+      arm=arm,
+      seed=seed,
+      accuracy_before=before,
+      accuracy_after=after,
       smoothness=0.1,
-      mismatch_mean=3e-3,
+      mismatch_mean=mismatch,
       kl_k3_mean=1e-5,
       acrl_x=nan,
       acrl_y_mean=nan,
@@ -319,49 +363,23 @@ def test_results_render_tables_and_claims():
       reward_last=0.5,
       wall_s=1.0,
     )
-    for s, a in ((0, 0.60), (1, 0.70))
-  ]
-  runs += [
-    RunSummary(
-      arm="int4_qat",
-      seed=s,
-      accuracy_before=0.5,
-      accuracy_after=0.655,
-      smoothness=0.1,
-      mismatch_mean=3e-7,
-      kl_k3_mean=1e-13,
-      acrl_x=nan,
-      acrl_y_mean=nan,
-      reward_first=0.4,
-      reward_last=0.5,
-      wall_s=1.0,
-    )
-    for s in (0, 1)
-  ]
-  runs += [
-    RunSummary(
-      arm="int4_no_qat",
-      seed=0,
-      accuracy_before=0.5,
-      accuracy_after=0.6,
-      smoothness=0.1,
-      mismatch_mean=3e-2,
-      kl_k3_mean=1e-3,
-      acrl_x=nan,
-      acrl_y_mean=nan,
-      reward_first=0.4,
-      reward_last=0.5,
-      wall_s=1.0,
-    )
-  ]
-  text = render(
-    runs, command="python scripts/results.py --seeds 2", steps=5, sft_steps=3, seeds=[0, 1], reduced=True, date="today"
-  )
+
+  runs = [run("bf16", s, 0.5, a, 3e-3) for s, a in ((0, 0.60), (1, 0.70))]
+  runs += [run("int4_qat", s, 0.5, a, 3e-7) for s, a in ((0, 0.605), (1, 0.705))]
+  runs += [run("int4_no_qat", 0, 0.2, 0.6, 3e-2)]
+  text = render(runs, command="python scripts/results.py --seeds 2", seeds=[0, 1], date="today", setting="tiny")
   assert "Reduced run" in text and "python scripts/results.py --seeds 2" in text
-  # bf16 final accuracy: mean 65.0, sample std 7.1 (np.std(ddof=1) of 60, 70); gain 15.0 ± 7.1
-  assert "| bf16 rollouts (baseline) | 50.0 ± 0.0 | 65.0 ± 7.1 | 15.0 ± 7.1 |" in text
-  assert "INT4 QAT final accuracy vs bf16: +0.5 points" in text and "holds here" in text
-  assert "1e+05x that of INT4 QAT" in text  # 3e-2 / 3e-7
+  # bf16 final accuracy: mean 65.0; the bootstrap of two values {60, 70} has quantiles 60 and 70 exactly
+  assert "| bf16 rollouts (baseline) | 2 | 50.0 [50.0, 50.0] | 65.0 [60.0, 70.0] | +15.0 [+10.0, +20.0] | — |" in text
+  # INT4 QAT is +0.5 points on both seeds: inside ±1 point on every resample, so the claim holds
+  assert "within 1 point of bf16**: +0.5 [+0.5, +0.5] points (paired over 2 seeds: 2 higher, 0 lower" in text
+  assert "— holds (the interval must lie inside ±1 point)" in text
+  # one seed of int4_no_qat: its ratio to INT4 QAT is 3e-2 / 3e-7 = 1e5, log10 = 5.00
+  assert "log10 of the per-seed ratio 5.00 — holds" in text
+  assert (
+    "below 25% (the old plateau): bf16 rollouts (baseline) 0/2, INT4 rollouts + INT4 QAT 0/2, INT4 rollouts, no QAT 1/1"
+    in text
+  )
 
 
 def test_sync_reshards_onto_the_sampler_mesh():
