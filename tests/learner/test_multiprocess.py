@@ -1,6 +1,7 @@
 """Two processes on localhost (`jax.distributed` over 127.0.0.1, 4 simulated CPU devices each) train the learner
-on one global mesh, write one orbax checkpoint together and restore it: the same numbers as one process with 8
-devices (`_mp_child.py` runs the processes' side)."""
+on one global mesh, write one orbax checkpoint together and restore it, then run one GRPO step end to end (sync of
+the global masters, each process sampling and scoring its own prompts, the learner on the global rollout): the same
+numbers as one process with 8 devices (`_mp_child.py` runs the processes' side)."""
 
 import os
 import socket
@@ -58,6 +59,26 @@ def test_two_processes_train_and_checkpoint_like_one(tmp_path):
   # at most about lr * d; an element whose 8 partial gradients nearly cancel has a large d (seen: 2e-8 on one
   # element of 2048, a d of 2e-5), so atol 1e-6 = lr x 1e-3 allows d up to 1e-3 per step, still 1000x below
   # what a wrong reduction (a shard missing or counted twice: d of order 1/8) would give.
+  rl = _mp_child.rl_step(mesh, [0, 1], lambda b: L.shard_batch(b, mesh), lambda t: t)
+  # The RL step: each process generated its own two prompts on the weights the sync served from the global masters;
+  # generation runs on one device in both set-ups with the same keys, so the rollouts (and rewards) are equal bit for
+  # bit; loss and gradient norm follow the tolerance above. Parameters: this is Adam's *first* step, whose update is
+  # lr * g / (|g| + eps), about lr * sign(g): for an element whose 8 partial gradients cancel to |g| of order eps,
+  # a reordered sum can move the update by up to 2 lr (seen: 2 of 16384 elements of one kernel, 5e-6 apart). So every
+  # element within 2 lr = 6e-4, and all but 0.1% of each tensor within 3e-7 = lr x 1e-3 (a wrong reduction, a shard
+  # missing or counted twice, moves the loss and gradient norm far beyond their rtol, checked too).
+  lr = 3e-4
+  for i in range(2):
+    np.testing.assert_array_equal(got[i]["rl_rewards_local"], rl["rl_rewards_local"][8 * i : 8 * (i + 1)])
+    assert np.ptp(rl["rl_rewards_local"]) > 0  # the groups carry a GRPO signal: the step moves the weights
+    for k, w in rl.items():
+      if k.startswith("rl_param_"):
+        np.testing.assert_allclose(got[i][k], w, rtol=0, atol=2 * lr, err_msg=f"process {i}: {k}")
+        assert np.mean(np.abs(got[i][k] - w) > lr * 1e-3) <= 1e-3, f"process {i}: {k}"
+      elif k != "rl_rewards_local":
+        np.testing.assert_allclose(got[i][k], w, rtol=4e-6, err_msg=f"process {i}: {k}")
+    for k in rl:
+      got[i].pop(k)
   for i in range(2):
     assert set(got[i]) == set(want)
     assert int(got[i]["restored_step"]) == _mp_child.STEPS
