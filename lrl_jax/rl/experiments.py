@@ -46,6 +46,7 @@ ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
   "nvfp4_lora": ("configs/nvfp4_lora.yaml", "NVFP4 base + LoRA", ()),
   "ppo": ("configs/ppo_baseline.yaml", "PPO (critic, GAE)", ()),
   "ppo_qae": ("configs/ppo_qae.yaml", "PPO + QAE", ()),
+  "ppo_nowhiten": ("configs/ppo_baseline.yaml", "PPO, advantages not whitened", ("learner.value.whiten=false",)),
   "w4a8_none": ("configs/int4_w4a8_rollout_none.yaml", "stress: INT4 g64 W4A8 rollouts, no correction", ()),
   "w4a8_tis": ("configs/int4_w4a8_rollout_tis.yaml", "stress: INT4 g64 W4A8 rollouts + TIS", ()),
   "w4a8_mis": ("configs/int4_w4a8_rollout_mis.yaml", "stress: INT4 g64 W4A8 rollouts + MIS", ()),
@@ -65,7 +66,7 @@ GROUPS: dict[str, list[str]] = {
   "fp8 corrections": ["fp8_none", "fp8_tis", "fp8_mis", "fp8_acrl"],
   "stress corrections": ["w4a8_none", "w4a8_tis", "w4a8_mis", "w4a8_acrl"],
   "acrl gamma": ["w4a8_acrl_g0.1", "w4a8_acrl", "w4a8_acrl_g1.3", "w4a8_acrl_g2.1"],
-  "ppo": ["int4_qat", "ppo", "ppo_qae"],
+  "ppo": ["int4_qat", "ppo", "ppo_nowhiten", "ppo_qae"],
 }
 # a warm-up that ends below this accuracy is counted as stalled (the plateau was at 14-20%)
 STALL = 0.25
@@ -290,15 +291,19 @@ def _claims(runs, arms) -> list[str]:
         f"- ACRL vs {other.split('_')[1].upper()} under the stress format, final accuracy: {_paired_text(p)} — "
         f"{stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)} (claim: ACRL beats it)."
       )
-  if has("ppo"):
-    g = _iv(runs, "ppo", _GAIN)
-    out.append(
-      f"- **PPO ends at or above its own starting accuracy**: RL gain {g.fmt(100, '.1f', sign=True)} points — "
-      f"{stats.verdict(g.lo, g.hi, 0.0)}."
-    )
+  for arm in ("ppo", "ppo_nowhiten"):
+    if has(arm):
+      g = _iv(runs, arm, _GAIN)
+      out.append(
+        f"- **{ARMS[arm][1]} ends at or above its own starting accuracy**: RL gain {g.fmt(100, '.1f', sign=True)} "
+        f"points — {stats.verdict(g.lo, g.hi, 0.0)}."
+      )
   if has("ppo", "int4_qat"):
     p = stats.paired(_by_seed(runs, "ppo", _AFTER), _by_seed(runs, "int4_qat", _AFTER))
     out.append(f"- PPO vs GRPO (both INT4 QAT, same warm-up), final accuracy: {_paired_text(p)}.")
+  if has("ppo", "ppo_nowhiten"):
+    p = stats.paired(_by_seed(runs, "ppo_nowhiten", _AFTER), _by_seed(runs, "ppo", _AFTER))
+    out.append(f"- PPO without advantage whitening vs with, final accuracy: {_paired_text(p)}.")
   if has("ppo", "ppo_qae"):
     p = stats.paired(_by_seed(runs, "ppo_qae", _AFTER), _by_seed(runs, "ppo", _AFTER))
     v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
