@@ -205,6 +205,12 @@ _AFTER = lambda r: r.accuracy_after  # noqa: E731
 _GAIN = lambda r: r.accuracy_after - r.accuracy_before  # noqa: E731
 
 
+def _log_mismatch_ratio(runs, a, b) -> stats.Paired:
+  """log10 of arm a's mean |π − μ| over arm b's, paired by seed (the ratio's log: ratios multiply, logs add)."""
+  log_mismatch = lambda r: math.log10(max(r.mismatch_mean, 1e-30))  # noqa: E731
+  return stats.paired(_by_seed(runs, a, log_mismatch), _by_seed(runs, b, log_mismatch))
+
+
 def _paired_text(p: stats.Paired, scale=100.0, unit=" points") -> str:
   return (
     f"{p.diff.fmt(scale, sign=True)}{unit} (paired over {p.diff.n} seeds: {p.wins} higher, {p.losses} lower, "
@@ -227,20 +233,14 @@ def _claims(runs, arms) -> list[str]:
       f"- **INT4 QAT final accuracy within 1 point of bf16**: {_paired_text(p)} — {v} (the interval must lie "
       "inside ±1 point)."
     )
-    ratio = stats.paired(
-      _by_seed(runs, "int4_qat", lambda r: math.log10(max(r.mismatch_mean, 1e-30))),
-      _by_seed(runs, "bf16", lambda r: math.log10(max(r.mismatch_mean, 1e-30))),
-    )
+    ratio = _log_mismatch_ratio(runs, "int4_qat", "bf16")
     out.append(
       f"- **INT4 QAT mismatch near bf16's** (at most 2x): log10 of the per-seed ratio {ratio.diff.fmt(1, '.2f')} "
       f"— {stats.verdict(ratio.diff.lo, ratio.diff.hi, math.log10(2), at_least=False)} (QAT + f32 rollouts share "
       "their weights exactly; bf16 rollouts differ from the f32 learner by bf16 rounding)."
     )
   if has("int4_qat", "int4_no_qat"):
-    ratio = stats.paired(
-      _by_seed(runs, "int4_no_qat", lambda r: math.log10(max(r.mismatch_mean, 1e-30))),
-      _by_seed(runs, "int4_qat", lambda r: math.log10(max(r.mismatch_mean, 1e-30))),
-    )
+    ratio = _log_mismatch_ratio(runs, "int4_no_qat", "int4_qat")
     out.append(
       f"- **INT4 rollouts without QAT have several times the mismatch of INT4 QAT** (at least 2x): log10 of the "
       f"per-seed ratio {ratio.diff.fmt(1, '.2f')} — {stats.verdict(ratio.diff.lo, ratio.diff.hi, math.log10(2))}."
