@@ -605,7 +605,7 @@ def train(
     if queue is not None and start > 0:
       held = out / f"offpolicy_{start}.npz"
       if held.is_file():  # the weights the steps before `start` synced: the next steps generate with them, as they did
-        versions_file = held.with_suffix(".json")  # absent in a checkpoint of one-step off-policy only: one tree
+        versions_file = held.with_suffix(".json")  # absent in checkpoints from before run.max_staleness: one tree
         versions = json.loads(versions_file.read_text())["versions"] if versions_file.is_file() else [start - 1]
         like = served_weights(state, setup, mesh=smesh)
         kept = load_tree(held, [like] * len(versions))
