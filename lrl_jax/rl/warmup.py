@@ -109,13 +109,18 @@ class NonFiniteCounter:
       )
 
 
+def _sft_batch(cfg) -> int:
+  """Sequences per supervised step: `run.sft_batch`, default batch_prompts × group_size."""
+  return cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
+
+
 def warmup_key(cfg, setup, params) -> str:
   """A digest of everything the warm-up's result depends on: the starting parameters (bytes, dtypes, shapes and
   tree structure, so the model's init and the seed), the model config, the task (its data seed and settings), the
   warm-up's learner config (numerics, optimizer, learning rate), the batch size and the step count. Two runs with
   the same key train the same warm-up; the code is not part of the key (clear the cache after changing it)."""
   h = hashlib.sha256()
-  n = cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
+  n = _sft_batch(cfg)
   for part in (setup.model_cfg, warmup_learner_config(cfg), setup.task, n, cfg.run.sft_steps):
     h.update(repr(part).encode())
   h.update(str(jax.tree_util.tree_structure(params)).encode())
@@ -154,7 +159,7 @@ def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = No
 def _train_warmup(cfg, setup, params, *, logger, progress):
   steps = cfg.run.sft_steps
   lcfg = warmup_learner_config(cfg)
-  n = cfg.run.sft_batch or cfg.run.batch_prompts * cfg.sampler.group_size
+  n = _sft_batch(cfg)
   params = jax.tree_util.tree_map(lambda x: jnp.array(x, jnp.float32), params)
   opt_state = L.make_optimizer(lcfg).init(params)
   bar = tqdm(range(steps), desc="warm-up (supervised)", disable=not progress, leave=False, dynamic_ncols=True)
