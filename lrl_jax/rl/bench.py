@@ -6,7 +6,8 @@ lrl-jax bench sync [--model smollm2] [--learner 4] [--sampler 4] [--repeats 5]
   mesh on the next S (disaggregated) or on the same first S (colocated). Per format (bf16 = the weights cast, no
   quantization; INT4 g64, NVFP4, FP8 per channel): quantize on the learner's devices, then move the served tree
   (packed codes + scales) onto the sampler's shardings (`rl.sync(params, spec, mesh=...)`); bytes of one copy of
-  the served tree, median seconds of each part over `repeats` round-robin rounds, and the ratios to bf16.
+  the served tree, median seconds of each part over `repeats` round-robin rounds, and the ratios to bf16. One more
+  INT4 row quantizes in the learner's own layout (`sync(align=False)`): what `align_for_quantize` saves.
 
 Without an accelerator it simulates 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set here
 when the backend has not started yet): a "transfer" is then a host memcpy plus the reshard, no interconnect, and
@@ -56,6 +57,10 @@ def main(argv=None) -> int:
     n: SyncSpec(rules=None if s is None else quant.QuantRules.default(s), dtype=jnp.bfloat16)
     for n, s in formats.items()
   }
+  # the same INT4 sync without `align_for_quantize`: what quantizing in the learner's layout costs where its K
+  # shards split the groups (576 / fsdp rows: every fsdp but 1, 3, 9 for g64)
+  unaligned = "int4 g64, learner layout"
+  specs[unaligned] = specs["int4 g64"]
   sampler = {
     "disaggregated": make_sampler_mesh(devs[n_l : n_l + n_s], 1, n_s),
     "colocated": make_sampler_mesh(devs[:n_s], 1, n_s),
@@ -81,7 +86,7 @@ def main(argv=None) -> int:
   for rep in range(args.repeats + 1):  # round 0 compiles and warms up
     for name, place in arms:
       t: dict = {}
-      served = jax.block_until_ready(sync(params, specs[name], mesh=sampler[place], timings=t))
+      served = sync(params, specs[name], mesh=sampler[place], timings=t, align=name != unaligned)
       nbytes[name] = t["sync_bytes"]
       landed[name] = sum(s.data.nbytes for x in jax.tree_util.tree_leaves(served) for s in x.addressable_shards)
       if rep:

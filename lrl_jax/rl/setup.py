@@ -19,7 +19,7 @@ from lrl_jax import learner as L
 from lrl_jax import models, quant
 from lrl_jax.config import ConfigError
 from lrl_jax.quant.rules import path_str
-from lrl_jax.rl.sync import SyncSpec, sync_spec
+from lrl_jax.rl.sync import SyncSpec, k_block, k_split, sync_spec
 from lrl_jax.tasks import Task, task_from_config
 
 __all__ = [
@@ -169,13 +169,6 @@ def make_sampler_mesh(devices, data: int, tensor: int):
   return jax.sharding.Mesh(grid, ("data", "tensor"), axis_types=auto)
 
 
-def _k_block(spec) -> int | None:
-  """Elements of one scale block along K (the contraction axis) of a spec, or None (FP8 per channel: all of K)."""
-  if isinstance(spec, quant.FP8):
-    return spec.block if spec.granularity == "block" else None
-  return getattr(spec, "block", None)
-
-
 def misaligned_kernels(params, rules: quant.QuantRules | None, mesh) -> list[str]:
   """The kernels the sync quantizes whose shard of K on the learner's `mesh` their scale blocks do not divide.
 
@@ -196,12 +189,11 @@ def misaligned_kernels(params, rules: quant.QuantRules | None, mesh) -> list[str
   for (path, leaf), sh in zip(flat, jax.tree_util.tree_leaves(shardings)):
     name = path_str(path)
     spec = rules.spec_for(name)
-    block = None if spec is None else _k_block(spec)
+    block = None if spec is None else k_block(spec)
     if block is None or len(leaf.shape) < 2:
       continue
     axis = rules.axis % len(leaf.shape)
-    entry = sh.spec[axis] if axis < len(sh.spec) else None
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    axes = k_split(leaf.shape, sh.spec, axis)
     n = math.prod(mesh.shape[a] for a in axes)
     K = leaf.shape[axis]
     if n > 1 and (K // n) % block:

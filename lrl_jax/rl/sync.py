@@ -13,16 +13,20 @@ their weights exactly; `sync_dtype` picks it (the bf16 arm always casts to bfloa
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from lrl_jax import quant
+from lrl_jax.quant.rules import path_str
 from lrl_jax.sampler import serve_params, shard_params
 
-__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora"]
+__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora", "k_block", "k_split", "align_for_quantize"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,7 +76,56 @@ def merge_lora(params, lora):
   return out
 
 
-def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | None = None):
+def k_block(spec) -> int | None:
+  """Elements of one scale block along K (the contraction axis) of a spec, or None (FP8 per channel: all of K)."""
+  if isinstance(spec, quant.FP8):
+    return spec.block if spec.granularity == "block" else None
+  return getattr(spec, "block", None)
+
+
+def k_split(shape, pspec, axis: int) -> tuple[str, ...]:
+  """The mesh axes that shard dimension `axis` of an array of `shape` under PartitionSpec `pspec`."""
+  axis %= len(shape)
+  entry = pspec[axis] if axis < len(pspec) else None
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def align_for_quantize(params, rules: quant.QuantRules | None):
+  """params with every kernel whose K shards its scale blocks do not divide resharded so that they do.
+
+  A kernel [.., K, N] sharded over K by mesh axes of total size n, with K / n not a multiple of the format's block,
+  makes the partitioner reshard the whole kernel inside the quantizer (INT4 g64 on SmolLM2 with fsdp = 4: 4.3x
+  the one-device sync, `lrl_jax/rl/README.md`). Here those mesh axes move from K to N when N's size lets them
+  (else K is gathered over them), one `jax.device_put` per such kernel; the quantized values do not change (the
+  quantizer is elementwise per block; sharding is layout only). Leaves without a NamedSharding, and kernels already
+  aligned, are returned as they are.
+  """
+  if rules is None:
+    return params
+
+  def fix(path, w):
+    sh = getattr(w, "sharding", None)
+    spec = rules.spec_for(path_str(path))
+    block = None if spec is None else k_block(spec)
+    if block is None or not isinstance(sh, NamedSharding) or w.ndim < 2:
+      return w
+    nd, k_ax = w.ndim, rules.axis % w.ndim
+    axes = k_split(w.shape, sh.spec, k_ax)
+    n = math.prod(sh.mesh.shape[a] for a in axes)
+    if n == 1 or (w.shape[k_ax] // n) % block == 0:
+      return w
+    n_ax = nd - 1 if k_ax == nd - 2 else nd - 2  # the other matrix dimension
+    entries = list(sh.spec) + [None] * (nd - len(sh.spec))
+    on_n = k_split(w.shape, sh.spec, n_ax) + axes
+    entries[k_ax] = None
+    if w.shape[n_ax] % math.prod(sh.mesh.shape[a] for a in on_n) == 0:
+      entries[n_ax] = on_n
+    return jax.device_put(w, NamedSharding(sh.mesh, P(*entries)))
+
+  return jax.tree_util.tree_map_with_path(fix, params)
+
+
+def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | None = None, align: bool = True):
   """Learner params -> served params (quantized like the sampler serves them), placed on the sampler's mesh.
 
   Args:
@@ -83,6 +136,8 @@ def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | N
     timings: if given, it receives the wall times (blocked until the arrays are ready): "sync_s" (all of it),
       "sync_quantize_s" (on the learner's devices), "sync_transfer_s" (to `mesh`; 0 without one) and
       "sync_bytes" (the served tree's bytes, one copy: what moves to the sampler's mesh).
+    align: reshard the kernels whose K shards split the format's blocks first (`align_for_quantize`; the values
+      are the same either way). False only to measure what that saves (`lrl-jax bench sync`).
 
   Returns:
     The served tree: QArray kernels for a quantized format, else float leaves in the served dtype.
@@ -90,6 +145,8 @@ def sync(learner_params, cfg_or_spec, *, mesh=None, lora=None, timings: dict | N
   spec = cfg_or_spec if isinstance(cfg_or_spec, SyncSpec) else sync_spec(cfg_or_spec)
   t0 = time.perf_counter()
   params = merge_lora(learner_params, lora)
+  if align:
+    params = align_for_quantize(params, spec.rules)
   served = serve_params(params, spec.rules, dtype=spec.dtype, layout=spec.layout)
   if timings is not None:
     jax.block_until_ready(served)

@@ -12,6 +12,7 @@ from lrl_jax.config import ConfigError, load_config
 from lrl_jax.quant.rules import path_str
 from lrl_jax.rl import sync
 from lrl_jax.rl.setup import learner_mesh, sampler_mesh
+from lrl_jax.rl.sync import align_for_quantize
 
 QS = "configs/quickstart.yaml"
 
@@ -117,3 +118,29 @@ def test_misaligned_kernels_names_the_kernels_whose_k_shard_splits_a_group():
   assert misaligned_kernels(abstract, quant.QuantRules.default(quant.FP8()), fsdp4) == []  # per channel: all of K
   assert misaligned_kernels(abstract, g64, L.make_mesh(fsdp=3, devices=jax.devices()[:3])) == []
   assert misaligned_kernels(abstract, g64, None) == [] and misaligned_kernels(abstract, None, fsdp4) == []
+
+
+def test_align_for_quantize_moves_fsdp_from_k_to_n_where_a_group_straddles_shards():
+  """D = 64 on fsdp = 4: 16-row K shards. INT4 g32 groups straddle them: the sync moves fsdp onto N (the values are
+  unchanged, only the layout: the sync test above checks the served codes bit for bit); NVFP4's 16-blocks fit, so
+  its kernels keep their sharding; a kernel whose K sits on the (size-1) tensor axis is left alone."""
+  from jax.sharding import PartitionSpec as P  # noqa: PLC0415
+
+  lm = L.make_mesh(fsdp=4, devices=jax.devices()[:4])
+  params = _params()
+  on_learner = jax.device_put(params, L.param_shardings(jax.eval_shape(lambda: params), lm))
+  g32 = quant.QuantRules.default(quant.Int4(group_size=32))
+  got = align_for_quantize(on_learner, g32)
+  q_before = on_learner["layers"]["attn"]["q_proj"]["kernel"]
+  q = got["layers"]["attn"]["q_proj"]["kernel"]
+  assert q_before.sharding.spec == P(None, "fsdp", "tensor")
+  assert q.sharding.spec == P(None, None, ("tensor", "fsdp"))
+  np.testing.assert_array_equal(np.asarray(q), np.asarray(q_before))
+  assert got["layers"]["attn"]["o_proj"]["kernel"] is on_learner["layers"]["attn"]["o_proj"]["kernel"]  # K on tensor
+  assert got["embed"]["embedding"] is on_learner["embed"]["embedding"]  # not quantized
+  nv = align_for_quantize(on_learner, quant.QuantRules.default(quant.NVFP4()))
+  assert nv["layers"]["attn"]["q_proj"]["kernel"] is q_before
+  assert (
+    align_for_quantize(params, g32)["layers"]["attn"]["q_proj"]["kernel"]
+    is params["layers"]["attn"]["q_proj"]["kernel"]
+  )
