@@ -96,6 +96,9 @@ class ValueConfig(Schema):
   gamma: float = 1.0  # GAE discount γ
   lam: float = 0.95  # GAE λ
   whiten: bool = True  # GAE advantages whitened over the batch's tokens ((A − mean) / std, PPO practice); false: raw
+  lr: float | None = None  # the critic's own optimizer (AdamW, this peak lr, the policy's schedule, its own grad
+  # clip); None: the head shares the policy's optimizer and lr (as verl's separate critic.optim, e.g. 10x the actor's)
+  init_std: float | None = None  # std of the head's initial kernel; None: 1/√D (V ~ N(0, 1) on RMS-normed features)
 
   def _validate(self):
     self._check(self.delta0 > 0, "delta0", "must be > 0")
@@ -115,6 +118,8 @@ class ValueConfig(Schema):
     self._check(self.coef >= 0, "coef", "must be >= 0")
     self._check(0 < self.gamma <= 1, "gamma", "must be in (0, 1]")
     self._check(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
+    self._check(self.lr is None or self.lr > 0, "lr", "must be > 0 (or null: the policy's)")
+    self._check(self.init_std is None or self.init_std >= 0, "init_std", "must be >= 0 (or null: 1/sqrt(D))")
 
   @property
   def initial_delta(self) -> float:

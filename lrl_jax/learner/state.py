@@ -119,8 +119,18 @@ def _decay_mask(tree):
 def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
   """clip_by_global_norm(grad_clip) -> AdamW(schedule, b1, b2, eps, weight_decay on matrices, mu_dtype; or both
   moments in 8 bits for opt_state_dtype="fp8": `adam8.scale_by_adam_8bit`)
-  [-> int4_update_clip(k): no INT4 weight moves more than k steps of its group's grid per update]."""
-  parts = [] if cfg.grad_clip is None else [optax.clip_by_global_norm(cfg.grad_clip)]
+  [-> int4_update_clip(k): no INT4 weight moves more than k steps of its group's grid per update].
+
+  With a critic and `value.lr` set, the value head is optimized as if by its own AdamW at peak lr value.lr (as verl's
+  separate actor and critic optimizers): the policy and the head are clipped each by its own global norm, and the
+  head's updates are scaled by value.lr / lr after Adam (elementwise, so its moments are the head's own; decoupled
+  weight decay and the schedule scale with the lr). One chain rather than `optax.multi_transform`, whose masked
+  states `optax.tree_map_params` cannot shard.
+  """
+  critic_lr = cfg.critic and cfg.value.lr is not None
+  parts = []
+  if cfg.grad_clip is not None:
+    parts.append(_clip_each(cfg.grad_clip) if critic_lr else optax.clip_by_global_norm(cfg.grad_clip))
   if cfg.opt_state_dtype == "fp8":  # both moments 8-bit (adam8.py), then AdamW's decay and learning rate
     parts += [
       scale_by_adam_8bit(cfg.b1, cfg.b2, cfg.eps, block=cfg.opt_state_block, nesterov=cfg.nesterov),
@@ -140,9 +150,18 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
         nesterov=cfg.nesterov,
       )
     )
+  if critic_lr:
+    ratio = cfg.value.lr / cfg.lr
+    parts.append(optax.stateless(lambda u, _: {**u, "value_head": jax.tree.map(lambda x: x * ratio, u["value_head"])}))
   if cfg.int4_update_clip is not None:
     parts.append(quant.int4_update_clip(cfg.qat_rules, k=cfg.int4_update_clip))
   return optax.chain(*parts)
+
+
+def _clip_each(max_norm: float) -> optax.GradientTransformation:
+  """clip_by_global_norm applied to each top-level subtree of the updates on its own (the policy, the value head)."""
+  clip = optax.clip_by_global_norm(max_norm)
+  return optax.stateless(lambda u, _: {k: clip.update(v, clip.init(v))[0] for k, v in u.items()})
 
 
 def step_key(state: TrainState) -> jax.Array:
@@ -268,7 +287,11 @@ def _init_fn(model_cfg: ModelConfig, cfg: LearnerConfig, mesh: Mesh | None, fres
     vh = None
     if cfg.critic:
       vh = value_head_init(
-        k_value, model_cfg.hidden_size, delta0=cfg.value.initial_delta, num_quantiles=len(cfg.value.quantile_levels)
+        k_value,
+        model_cfg.hidden_size,
+        delta0=cfg.value.initial_delta,
+        num_quantiles=len(cfg.value.quantile_levels),
+        init_std=cfg.value.init_std,
       )
     acrl = acrl_init() if acrl_x is None else acrl_init(acrl_x)
     state = TrainState(

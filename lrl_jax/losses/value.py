@@ -83,14 +83,26 @@ def delta_schedule(
   return delta0 * delta_multiplier(step, boundaries=boundaries, multipliers=multipliers)
 
 
-def value_head_init(key, d_model: int, *, delta0: float = 0.1, num_quantiles: int = 1) -> dict:
+def value_head_init(
+  key, d_model: int, *, delta0: float = 0.1, num_quantiles: int = 1, init_std: float | None = None
+) -> dict:
   """Parameters of a quantized value head: a linear map D -> K (K = num_quantiles) and Δ.
 
+  Args:
+    init_std: std of the kernel's normal init; None: 1/√D (on RMS-normed features V starts ~ N(0, 1)); 0: zeros
+      (V starts at the bias, 0).
+
   Returns:
-    {"kernel": f32 [D, K] (normal, std 1/√D), "bias": f32 [K] zeros, "delta": f32 [] = Δ₀}.
+    {"kernel": f32 [D, K] (normal, std init_std), "bias": f32 [K] zeros, "delta": f32 [] = Δ₀}.
   """
   C.check_positive("value_head_init", delta0=delta0, d_model=d_model, num_quantiles=num_quantiles)
-  kernel = jax.random.normal(key, (d_model, num_quantiles), C.F32) / jnp.sqrt(jnp.float32(d_model))
+  z = jax.random.normal(key, (d_model, num_quantiles), C.F32)
+  if init_std is None:
+    kernel = z / jnp.sqrt(jnp.float32(d_model))
+  elif init_std >= 0:
+    kernel = z * jnp.float32(init_std)
+  else:
+    raise ValueError(f"value_head_init: init_std must be >= 0, got {init_std}")
   return {"kernel": kernel, "bias": jnp.zeros((num_quantiles,), C.F32), "delta": jnp.asarray(delta0, C.F32)}
 
 

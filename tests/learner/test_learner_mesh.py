@@ -72,6 +72,16 @@ def test_state_shardings_follow_params(mesh):
   assert state.params["layers"]["attn"]["o_proj"]["kernel"].sharding.spec == P(None, "tensor", "fsdp")
 
 
+def test_state_shardings_with_a_critic_lr(mesh):
+  """value.lr (per-subtree clip and a stateless rescale of the head's updates in the chain): the Adam moments are
+  still sharded like their parameters."""
+  cfg = L.LearnerConfig(policy_loss="ppo", value=L.ValueConfig(lr=1e-2), compute_dtype="float32")
+  state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, mesh=mesh)
+  mu = state.opt_state[1][0].mu
+  assert mu["policy"]["layers"]["attn"]["o_proj"]["kernel"].sharding.spec == P(None, "tensor", "fsdp")
+  assert mu["value_head"]["kernel"].sharding.spec == P()
+
+
 def test_shard_batch_checks_divisibility(mesh):
   with pytest.raises(ValueError, match="data\\*fsdp = 4"):
     L.shard_batch({"tokens": jnp.zeros((6, 3), jnp.int32)}, mesh)

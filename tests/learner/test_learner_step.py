@@ -269,6 +269,52 @@ def test_value_head_trains_on_returns_only_and_acrl_reference():
   assert float(m["correction/acrl_x"]) == pytest.approx(x, rel=1e-5)
 
 
+def test_critic_lr_is_its_own_optimizer():
+  """value.lr: the head gets its own Adam (peak lr value.lr): Adam's first bias-corrected update is lr·g/(|g|+ε), so
+  the bias (no weight decay) moves by value.lr where |g| ≫ ε; the policy's update is the one it gets without a
+  critic lr (no grad clip: Adam is elementwise, so bit-equal); value.init_std = 0 starts the head at V = 0."""
+  rng = np.random.default_rng(3)
+  cfgs = {
+    lr: L.LearnerConfig(
+      lr=1e-3,
+      grad_clip=None,
+      compute_dtype="float32",
+      policy_loss="ppo",
+      value=L.ValueConfig(lr=lr, init_std=0.0),
+    )
+    for lr in (None, 0.05)
+  }
+  out = {}
+  for lr, cfg in cfgs.items():
+    state = _state(cfg)
+    assert np.all(np.asarray(state.value_head["kernel"]) == 0)
+    batch = make_batch(2, MC, state.params)
+    batch = batch.replace(returns=jnp.asarray(rng.normal(size=(B, T)) if not out else out["returns"], jnp.float32))
+    out["returns"] = np.asarray(batch.returns)
+    values = L.prepare_rollout(state, batch, model_cfg=MC, cfg=cfg)[0].values
+    assert np.all(np.asarray(values) == 0)  # zero kernel, zero bias
+    v0 = host(state.value_head)  # before the step: train_step donates the state
+    new, _ = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+    out[lr] = (host(new.params), host(new.value_head), v0)
+  (p_shared, v_shared, v0), (p_own, v_own, _) = out[None], out[0.05]
+  assert max_abs_diff(p_own, p_shared) == 0
+  np.testing.assert_allclose(np.abs(v_own["bias"] - v0["bias"]), 0.05, rtol=1e-5)  # ε/|g| and f32 rounding
+  np.testing.assert_allclose(np.abs(v_shared["bias"] - v0["bias"]), 1e-3, rtol=1e-5)
+
+
+def test_critic_lr_clips_the_policy_and_the_head_each_by_its_own_norm():
+  """With value.lr, grad_clip applies to each subtree's global norm (NumPy: g · min(1, c / ‖g‖₂))."""
+  from lrl_jax.learner.state import _clip_each
+
+  rng = np.random.default_rng(0)
+  g = {"policy": {"w": rng.normal(size=(8, 4)) * 3}, "value_head": {"kernel": rng.normal(size=(4, 1)) * 0.1}}
+  out = _clip_each(1.0).update(jax.tree.map(jnp.asarray, g), optax.EmptyState())[0]
+  for k, tree in g.items():
+    x = next(iter(tree.values()))
+    want = x * min(1.0, 1.0 / np.linalg.norm(x))
+    np.testing.assert_allclose(np.asarray(next(iter(out[k].values()))), want, rtol=1e-6)  # f32 rounding
+
+
 def test_prepare_rollout_old_logprobs_and_ref():
   cfg = L.LearnerConfig(compute_dtype="float32", micro_batches=2)
   state = _state(cfg)
