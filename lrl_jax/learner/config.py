@@ -99,6 +99,8 @@ class ValueConfig(Schema):
   lr: float | None = None  # the critic's own optimizer (AdamW, this peak lr, the policy's schedule, its own grad
   # clip); None: the head shares the policy's optimizer and lr (as verl's separate critic.optim, e.g. 10x the actor's)
   init_std: float | None = None  # std of the head's initial kernel; None: 1/√D (V ~ N(0, 1) on RMS-normed features)
+  clip: float | None = None  # PPO value clipping ε (verl's cliprange_value, e.g. 0.5): max of the loss at V and at
+  # V_old + clip(V − V_old, ±ε); None: off
 
   def _validate(self):
     self._check(self.delta0 > 0, "delta0", "must be > 0")
@@ -120,6 +122,7 @@ class ValueConfig(Schema):
     self._check(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
     self._check(self.lr is None or self.lr > 0, "lr", "must be > 0 (or null: the policy's)")
     self._check(self.init_std is None or self.init_std >= 0, "init_std", "must be >= 0 (or null: 1/sqrt(D))")
+    self._check(self.clip is None or self.clip > 0, "clip", "must be > 0 (or null: no value clipping)")
 
   @property
   def initial_delta(self) -> float:

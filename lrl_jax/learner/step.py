@@ -650,6 +650,8 @@ def _micro_loss(
   sums = {"policy_loss": lax.stop_gradient(loss)}  # micro-batch losses sum to the batch loss (global denom)
   if "value_head" in trainable and mb.returns is not None:
     # The critic reads the trunk's features detached: its loss trains the head only.
+    if cfg.value.clip is not None and mb.values is None:
+      raise ValueError("learner.value.clip needs the rollout's values V_old (Rollout.values: prepare_rollout)")
     v, _ = losses.value_head_apply(trainable["value_head"], lax.stop_gradient(h), delta_mult=delta_mult)
     vl, vm = losses.value_loss(
       v,
@@ -660,6 +662,7 @@ def _micro_loss(
       agg=cfg.agg,
       norm_len=cfg.norm_len,
       denom=denom,
+      **({} if cfg.value.clip is None else {"old_values": mb.values, "clip": cfg.value.clip}),
     )
     loss = loss + cfg.value.coef * vl
     metrics.update({f"value/{k}": x for k, x in vm.items()})

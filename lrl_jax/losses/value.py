@@ -141,6 +141,8 @@ def value_loss(
   agg: AggMode = "token-mean",
   norm_len: int | None = None,
   denom=None,
+  old_values=None,
+  clip: float | None = None,
 ):
   """Mixed value loss L = α · L_quantile + (1 − α) · L_MSE (write-up 003; Koenker & Bassett 1978).
 
@@ -151,6 +153,10 @@ def value_loss(
   outlier returns that make the value head fluctuate, while the MSE term keeps the
   mean. Pass K levels with values [B, T, K] to learn K quantiles (QR-DQN style).
 
+  Value clipping (PPO's, as verl's `cliprange_value`; Schulman et al.'s PPO2 baselines): with `clip` = ε and the
+  rollout's values V_old, V_c = V_old + clip(V − V_old, −ε, ε) and each per-token term is the larger of its value at
+  V and at V_c (the pessimistic bound; no gradient through a clipped V_c that wins).
+
   Args:
     values: [B, T] (K = 1) or [B, T, K] predictions (V_q of the quantized head).
     returns: [B, T] targets R (e.g. GAE returns; detached).
@@ -158,9 +164,12 @@ def value_loss(
     alpha: α ∈ [0, 1].
     quantile_levels: K levels in (0, 1).
     agg, norm_len, denom: aggregation (see `aggregation.aggregate`).
+    old_values: values of the same shape as `values` from the rollout (detached); needed with `clip`.
+    clip: ε > 0, or None (no clipping).
 
   Returns:
-    (loss: scalar f32, metrics): `Mean` over tokens "vf_quantile", "vf_mse", "value_mean".
+    (loss: scalar f32, metrics): `Mean` over tokens "vf_quantile", "vf_mse" (both at V, unclipped: how well the head
+    fits), "value_mean", and with `clip` "vf_clipfrac" (tokens whose clipped MSE term is the larger).
   """
   fn = "value_loss"
   check_agg(fn, agg)
@@ -182,12 +191,10 @@ def value_loss(
     raise ValueError(f"{fn}: values {tuple(jnp.shape(values))} do not match mask [B, T] {tuple(m.shape)}")
   r = C.clean(jax.lax.stop_gradient(C.f32(returns)), m)
   v = jnp.where(m[..., None], v, 0.0)
-  u = r[..., None] - v  # [B, T, K]
   tau = jnp.asarray(taus, C.F32)[None, None, :]
-  pinball = jnp.mean(jnp.maximum(tau * u, (tau - 1.0) * u), axis=-1)
-  mse = (r - jnp.mean(v, axis=-1)) ** 2
-  lq = aggregate(pinball, m, agg=agg, norm_len=norm_len, denom=denom)
-  l2 = aggregate(mse, m, agg=agg, norm_len=norm_len, denom=denom)
+  pinball_of = lambda vk: jnp.mean(jnp.maximum(tau * (r[..., None] - vk), (tau - 1.0) * (r[..., None] - vk)), -1)  # noqa: E731
+  mse_of = lambda vk: (r - jnp.mean(vk, axis=-1)) ** 2  # noqa: E731
+  pinball, mse = pinball_of(v), mse_of(v)
   n = jnp.sum(mf)
   sg = jax.lax.stop_gradient
   metrics = {
@@ -195,6 +202,19 @@ def value_loss(
     "vf_mse": Mean(C.msum(sg(mse), m), n),
     "value_mean": Mean(C.msum(sg(jnp.mean(v, axis=-1)), m), n),
   }
+  if clip is not None:
+    if not clip > 0:
+      raise ValueError(f"{fn}: clip must be > 0 (or None); got {clip}")
+    if old_values is None or jnp.shape(old_values) != jnp.shape(values):
+      got = None if old_values is None else tuple(jnp.shape(old_values))
+      raise ValueError(f"{fn}: clip needs old_values of values' shape {tuple(jnp.shape(values))}; got {got}")
+    old = jnp.where(m[..., None], sg(C.f32(old_values)).reshape(v.shape), 0.0)
+    v_c = old + jnp.clip(v - old, -clip, clip)
+    mse_c = mse_of(v_c)
+    metrics["vf_clipfrac"] = Mean(C.msum(sg((mse_c > mse).astype(C.F32)), m), n)
+    pinball, mse = jnp.maximum(pinball, pinball_of(v_c)), jnp.maximum(mse, mse_c)
+  lq = aggregate(pinball, m, agg=agg, norm_len=norm_len, denom=denom)
+  l2 = aggregate(mse, m, agg=agg, norm_len=norm_len, denom=denom)
   return alpha * lq + (1.0 - alpha) * l2, metrics
 
 

@@ -48,6 +48,7 @@ def recover_learner_config(cfg) -> L.LearnerConfig:
     qat_warmup_steps=0,
     temperature=1.0,
     correction=L.CorrectionConfig(),
+    value=L.ValueConfig(),  # no critic is trained here (its own optimizer would expect a value head)
   )
 
 

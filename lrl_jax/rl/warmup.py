@@ -36,8 +36,11 @@ __all__ = [
 
 def warmup_learner_config(cfg) -> L.LearnerConfig:
   """The learner settings of the warm-up: `cfg.learner` at the constant `run.sft_lr`, one batch per update, no
-  correction; without QAT when QAT is scheduled on the RL steps (`learner.qat_start_step` / `qat_warmup_steps`)."""
+  correction, the critic's settings at their defaults (the warm-up trains no critic: runs that differ only there share
+  a warm-up, and the critic's own optimizer, `learner.value.lr`, is not built over a tree without a value head);
+  without QAT when QAT is scheduled on the RL steps (`learner.qat_start_step` / `qat_warmup_steps`)."""
   lcfg = cfg.learner.replace(
+    value=L.ValueConfig(),
     lr=cfg.run.sft_lr or cfg.learner.lr,
     schedule="constant",
     warmup_steps=0,

@@ -272,7 +272,8 @@ def test_value_head_trains_on_returns_only_and_acrl_reference():
 def test_critic_lr_is_its_own_optimizer():
   """value.lr: the head gets its own Adam (peak lr value.lr): Adam's first bias-corrected update is lr·g/(|g|+ε), so
   the bias (no weight decay) moves by value.lr where |g| ≫ ε; the policy's update is the one it gets without a
-  critic lr (no grad clip: Adam is elementwise, so bit-equal); value.init_std = 0 starts the head at V = 0."""
+  critic lr (no grad clip: Adam is elementwise, so bit-equal); value.init_std = 0 starts the head at V = 0. Value
+  clipping reads the rollout's values (V_old = V at the first update: nothing clipped)."""
   rng = np.random.default_rng(3)
   cfgs = {
     lr: L.LearnerConfig(
@@ -280,7 +281,7 @@ def test_critic_lr_is_its_own_optimizer():
       grad_clip=None,
       compute_dtype="float32",
       policy_loss="ppo",
-      value=L.ValueConfig(lr=lr, init_std=0.0),
+      value=L.ValueConfig(lr=lr, init_std=0.0, clip=0.5),
     )
     for lr in (None, 0.05)
   }
@@ -291,10 +292,11 @@ def test_critic_lr_is_its_own_optimizer():
     batch = make_batch(2, MC, state.params)
     batch = batch.replace(returns=jnp.asarray(rng.normal(size=(B, T)) if not out else out["returns"], jnp.float32))
     out["returns"] = np.asarray(batch.returns)
-    values = L.prepare_rollout(state, batch, model_cfg=MC, cfg=cfg)[0].values
-    assert np.all(np.asarray(values) == 0)  # zero kernel, zero bias
+    batch = L.prepare_rollout(state, batch, model_cfg=MC, cfg=cfg)[0]
+    assert np.all(np.asarray(batch.values) == 0)  # zero kernel, zero bias
     v0 = host(state.value_head)  # before the step: train_step donates the state
-    new, _ = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+    new, m = L.train_step(state, batch, model_cfg=MC, cfg=cfg)
+    assert float(m["value/vf_clipfrac"]) == 0
     out[lr] = (host(new.params), host(new.value_head), v0)
   (p_shared, v_shared, v0), (p_own, v_own, _) = out[None], out[0.05]
   assert max_abs_diff(p_own, p_shared) == 0

@@ -81,6 +81,38 @@ def test_value_loss_vs_reference(alpha, taus):
   np.testing.assert_allclose(met["vf_quantile"].value, pin[m].mean(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("taus", [(0.5,), (0.1, 0.5, 0.9)])
+def test_value_loss_clipped_vs_reference(taus):
+  """PPO value clipping: per token, the larger of each term at V and at V_c = V_old + clip(V − V_old, ±ε) (float64
+  NumPy, rtol 1e-5: f32 sums of 15 terms); the gradient flows only through the term that wins, so at a token where
+  the clipped one wins and V moved beyond ε, V gets no gradient."""
+  rng = np.random.default_rng(4)
+  k, eps, alpha = len(taus), 0.2, 0.7
+  shape = (3, 5, k) if k > 1 else (3, 5)
+  v, old = rng.normal(size=shape), rng.normal(size=shape)
+  r = rng.normal(size=(3, 5))
+  m = rng.random((3, 5)) > 0.3
+  loss, met = L.value_loss(v, r, m, alpha=alpha, quantile_levels=taus, old_values=old, clip=eps)
+  v3, o3 = (v, old) if k > 1 else (v[..., None], old[..., None])
+  vc = o3 + np.clip(v3 - o3, -eps, eps)
+  pin, mse, won = np.zeros((3, 5)), np.zeros((3, 5)), np.zeros((3, 5), bool)
+  for i, j in zip(*np.nonzero(m)):
+    p1 = np.mean([pinball_ref(r[i, j] - v3[i, j, q], taus[q]) for q in range(k)])
+    p2 = np.mean([pinball_ref(r[i, j] - vc[i, j, q], taus[q]) for q in range(k)])
+    m1, m2 = (r[i, j] - v3[i, j].mean()) ** 2, (r[i, j] - vc[i, j].mean()) ** 2
+    pin[i, j], mse[i, j], won[i, j] = max(p1, p2), max(m1, m2), m2 > m1
+  want = alpha * pin[m].mean() + (1 - alpha) * mse[m].mean()  # token-mean
+  np.testing.assert_allclose(loss, want, rtol=1e-5)
+  np.testing.assert_allclose(met["vf_clipfrac"].value, won[m].mean(), rtol=1e-6)
+  if k == 1:
+    g = np.asarray(jax.grad(lambda x: L.value_loss(x, r, m, alpha=0.0, old_values=old, clip=eps)[0])(v))
+    frozen = m & won & (np.abs(v - old) > eps)
+    assert frozen.any() and np.all(g[frozen] == 0)
+    np.testing.assert_allclose(g[m & ~won], -2 * (r - v)[m & ~won] / m.sum(), rtol=1e-5)
+  with pytest.raises(ValueError, match="clip needs old_values"):
+    L.value_loss(v, r, m, quantile_levels=taus, clip=eps)
+
+
 def test_value_loss_hand_and_errors():
   # u = 1 at τ = 0.5: pinball 0.5, MSE 1 -> 0.7·0.5 + 0.3·1 = 0.65
   loss, _ = L.value_loss(np.zeros((1, 1)), np.ones((1, 1)), np.ones((1, 1)))

@@ -26,9 +26,12 @@ def test_a_cached_warmup_is_the_trained_one_and_any_input_change_misses(tmp_path
   trained = supervised_warmup(cfg, setup, setup.params, progress=False)
   files = sorted(cache.glob("warmup_*.npz"))
   assert len(files) == 1
-  # An arm that differs only after the warm-up (RL learning rate, correction, RL steps) shares the key ...
+  # An arm that differs only after the warm-up (RL learning rate, correction, RL steps, critic) shares the key ...
   other = load_config(
-    QS, SMALL + [f"run.warmup_cache={cache}", "learner.lr=1e-5", "learner.correction.method=tis", "run.steps=7"]
+    QS,
+    SMALL
+    + [f"run.warmup_cache={cache}", "learner.lr=1e-5", "learner.correction.method=tis", "run.steps=7"]
+    + ["learner.value.lr=1e-3", "learner.value.init_std=0", "learner.value.clip=0.5"],  # the critic's: no warm-up
   )
   assert warmup_key(other, setup, setup.params) == warmup_key(cfg, setup, setup.params)
   capsys.readouterr()
@@ -41,6 +44,16 @@ def test_a_cached_warmup_is_the_trained_one_and_any_input_change_misses(tmp_path
     c = load_config(QS, SMALL + [f"run.warmup_cache={cache}", change])
     s = build_model(c)
     assert warmup_key(c, s, s.params) != warmup_key(cfg, setup, setup.params), change
+
+
+def test_a_ppo_config_with_a_critic_lr_warms_up_without_a_value_head():
+  """learner.value.lr builds a critic optimizer over {policy, value_head}; the warm-up trains the policy's params alone
+  and must not build it (it did: KeyError 'value_head')."""
+  cfg = load_config(QS, SMALL + ["learner.policy_loss=ppo", "learner.value.lr=1e-3", "run.sft_steps=2"])
+  setup = build_model(cfg)
+  out = supervised_warmup(cfg, setup, setup.params, progress=False)
+  moved = [np.any(np.asarray(a) != np.asarray(b)) for a, b in zip(*map(jax.tree_util.tree_leaves, (out, setup.params)))]
+  assert any(moved)
 
 
 def test_load_tree_refuses_a_file_that_does_not_fit(tmp_path):
