@@ -44,9 +44,27 @@ ARMS: dict[str, tuple[str, str, tuple[str, ...]]] = {
   "fp8_mis": ("configs/fp8_rollout_mis.yaml", "FP8 W8A8 rollouts + MIS", ()),
   "fp8_acrl": ("configs/fp8_rollout_acrl.yaml", "FP8 W8A8 rollouts + ACRL", ()),
   "nvfp4_lora": ("configs/nvfp4_lora.yaml", "NVFP4 base + LoRA", ()),
-  "ppo": ("configs/ppo_baseline.yaml", "PPO (critic, GAE)", ()),
+  "ppo": ("configs/ppo_baseline.yaml", "PPO (critic, GAE; critic lr 1e-3, zero init)", ()),
   "ppo_qae": ("configs/ppo_qae.yaml", "PPO + QAE", ()),
   "ppo_nowhiten": ("configs/ppo_baseline.yaml", "PPO, advantages not whitened", ("learner.value.whiten=false",)),
+  "ppo_vclip": ("configs/ppo_baseline.yaml", "PPO, value clipping ε 0.5", ("learner.value.clip=0.5",)),
+  # the critic before the fix (it shared the policy's optimizer and lr and started at V ~ N(0, 1)), and each half of
+  # the fix alone
+  "ppo_v0": (
+    "configs/ppo_baseline.yaml",
+    "PPO, critic as before (policy's lr, N(0, 1/D) init)",
+    ("learner.value.lr=null", "learner.value.init_std=null"),
+  ),
+  "ppo_v0_zero_init": (
+    "configs/ppo_baseline.yaml",
+    "PPO, critic at the policy's lr, zero init",
+    ("learner.value.lr=null",),
+  ),
+  "ppo_v0_critic_lr": (
+    "configs/ppo_baseline.yaml",
+    "PPO, critic with its own lr 1e-3, N(0, 1/D) init",
+    ("learner.value.init_std=null",),
+  ),
   "w4a8_none": ("configs/int4_w4a8_rollout_none.yaml", "stress: INT4 g64 W4A8 rollouts, no correction", ()),
   "w4a8_tis": ("configs/int4_w4a8_rollout_tis.yaml", "stress: INT4 g64 W4A8 rollouts + TIS", ()),
   "w4a8_mis": ("configs/int4_w4a8_rollout_mis.yaml", "stress: INT4 g64 W4A8 rollouts + MIS", ()),
@@ -66,10 +84,13 @@ GROUPS: dict[str, list[str]] = {
   "fp8 corrections": ["fp8_none", "fp8_tis", "fp8_mis", "fp8_acrl"],
   "stress corrections": ["w4a8_none", "w4a8_tis", "w4a8_mis", "w4a8_acrl"],
   "acrl gamma": ["w4a8_acrl_g0.1", "w4a8_acrl", "w4a8_acrl_g1.3", "w4a8_acrl_g2.1"],
-  "ppo": ["int4_qat", "ppo", "ppo_nowhiten", "ppo_qae"],
+  "ppo": ["int4_qat", "ppo", "ppo_nowhiten", "ppo_vclip", "ppo_qae"],
+  "ppo critic": ["ppo_v0", "ppo_v0_zero_init", "ppo_v0_critic_lr", "ppo"],
 }
 # a warm-up that ends below this accuracy is counted as stalled (the plateau was at 14-20%)
 STALL = 0.25
+# the critic's fit is reported over the last this many RL steps
+CRITIC_TAIL = 20
 
 
 @dataclasses.dataclass
@@ -88,6 +109,8 @@ class RunSummary:
   wall_s: float
   acrl_alpha_mean: float = math.nan  # mean over steps of the token-mean |α|
   acrl_rho_dev_mean: float = math.nan  # mean over steps of the token-mean |ρ − 1|
+  value_mse_last: float = math.nan  # the critic's MSE (value/vf_mse) over the last CRITIC_TAIL RL steps
+  reward_var_last: float = math.nan  # mean r̄(1 − r̄) over the same steps: a constant predictor's MSE on 0/1 rewards
   acrl_rho_dev_max: float = math.nan  # max over steps of max |ρ − 1|
   curves: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per RL step: reward, mismatch, acrl_y
 
@@ -152,6 +175,8 @@ def run_arm(
     acrl_alpha_mean=_mean(rl, "correction/alpha_abs_mean"),
     acrl_rho_dev_mean=_mean(rl, "correction/rho_dev_mean"),
     acrl_rho_dev_max=float(max(dev_max)) if dev_max else float("nan"),
+    value_mse_last=_mean(rl[-CRITIC_TAIL:], "value/vf_mse"),
+    reward_var_last=float(np.mean([x * (1 - x) for x in rewards[-CRITIC_TAIL:]])) if rewards else math.nan,
     curves={
       "reward": rewards,
       "mismatch": _curve(rl, "mismatch/prob_abs_diff_mean"),
@@ -223,12 +248,7 @@ def _claims(runs, arms) -> list[str]:
   out = []
   if has("bf16", "int4_qat"):
     p = stats.paired(_by_seed(runs, "int4_qat", _AFTER), _by_seed(runs, "bf16", _AFTER))
-    if p.diff.lo >= -0.01 and p.diff.hi <= 0.01:
-      v = "holds"
-    elif p.diff.hi < -0.01 or p.diff.lo > 0.01:
-      v = "does not hold"
-    else:
-      v = "inconclusive at 95%"
+    v = stats.within(p.diff.lo, p.diff.hi, -0.01, 0.01)
     out.append(
       f"- **INT4 QAT final accuracy within 1 point of bf16**: {_paired_text(p)} — {v} (the interval must lie "
       "inside ±1 point)."
@@ -248,13 +268,7 @@ def _claims(runs, arms) -> list[str]:
   for arm in ("fp8_acrl", "w4a8_acrl"):
     if has(arm):
       yx = _iv(runs, arm, lambda r: r.acrl_y_mean / r.acrl_x if r.acrl_x else math.nan)
-      near = (
-        "holds"
-        if yx.lo >= 0.9 and yx.hi <= 1.1
-        else "does not hold"
-        if yx.hi < 0.9 or yx.lo > 1.1
-        else ("inconclusive at 95%")
-      )
+      near = stats.within(yx.lo, yx.hi, 0.9, 1.1)
       out.append(
         f"- **ACRL holds Y near X** ({ARMS[arm][1]}; |Y/X − 1| <= 0.1): mean Y/X over the run {yx.fmt(1, '.2f')} — "
         f"{near}. |α| {_iv(runs, arm, lambda r: r.acrl_alpha_mean).fmt(1, '.3f')}, mean |ρ − 1| "
@@ -291,19 +305,32 @@ def _claims(runs, arms) -> list[str]:
         f"- ACRL vs {other.split('_')[1].upper()} under the stress format, final accuracy: {_paired_text(p)} — "
         f"{stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)} (claim: ACRL beats it)."
       )
-  for arm in ("ppo", "ppo_nowhiten"):
+  for arm in ("ppo", "ppo_nowhiten", "ppo_v0"):
     if has(arm):
       g = _iv(runs, arm, _GAIN)
       out.append(
         f"- **{ARMS[arm][1]} ends at or above its own starting accuracy**: RL gain {g.fmt(100, '.1f', sign=True)} "
         f"points — {stats.verdict(g.lo, g.hi, 0.0)}."
       )
-  if has("ppo", "int4_qat"):
-    p = stats.paired(_by_seed(runs, "ppo", _AFTER), _by_seed(runs, "int4_qat", _AFTER))
-    out.append(f"- PPO vs GRPO (both INT4 QAT, same warm-up), final accuracy: {_paired_text(p)}.")
+  for arm in ("ppo", "ppo_v0"):
+    if has(arm, "int4_qat"):
+      p = stats.paired(_by_seed(runs, arm, _AFTER), _by_seed(runs, "int4_qat", _AFTER))
+      out.append(
+        f"- **{ARMS[arm][1]} within 3 points of GRPO** (both INT4 QAT, same warm-up), final accuracy: "
+        f"{_paired_text(p)} — {stats.within(p.diff.lo, p.diff.hi, -0.03, 0.03)} (the interval must lie inside ±3)."
+      )
+  for arm in ("ppo", "ppo_v0_zero_init", "ppo_v0_critic_lr"):
+    if has(arm, "ppo_v0"):
+      p = stats.paired(_by_seed(runs, arm, _AFTER), _by_seed(runs, "ppo_v0", _AFTER))
+      v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
+      out.append(f"- {ARMS[arm][1]} vs the critic as before, final accuracy: {_paired_text(p)} — {v} (claim: helps).")
   if has("ppo", "ppo_nowhiten"):
     p = stats.paired(_by_seed(runs, "ppo_nowhiten", _AFTER), _by_seed(runs, "ppo", _AFTER))
     out.append(f"- PPO without advantage whitening vs with, final accuracy: {_paired_text(p)}.")
+  if has("ppo", "ppo_vclip"):
+    p = stats.paired(_by_seed(runs, "ppo_vclip", _AFTER), _by_seed(runs, "ppo", _AFTER))
+    v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
+    out.append(f"- PPO with value clipping (ε 0.5) vs without, final accuracy: {_paired_text(p)} — {v} (claim: helps).")
   if has("ppo", "ppo_qae"):
     p = stats.paired(_by_seed(runs, "ppo_qae", _AFTER), _by_seed(runs, "ppo", _AFTER))
     v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
@@ -380,6 +407,25 @@ def render(
         f"{_iv(runs, a, lambda r: r.acrl_alpha_mean).fmt(1, '.3f')} | "
         f"{_iv(runs, a, lambda r: r.acrl_rho_dev_mean).fmt(1, '.2e')} | "
         f"{_iv(runs, a, lambda r: r.acrl_rho_dev_max).fmt(1, '.3f')} |"
+      )
+    lines.append("")
+  critic_arms = [a for a in arms if any(r.arm == a and math.isfinite(r.value_mse_last) for r in runs)]
+  if critic_arms:
+    lines += [
+      "## PPO: how well the critic fits",
+      "",
+      f"The critic's MSE against its GAE targets over the last {CRITIC_TAIL} RL steps, next to r̄(1 − r̄) of the "
+      "same steps' mean train reward r̄: the variance of a 0/1 outcome with mean r̄, what a critic that knew only the "
+      "batch's mean reward would score against the outcome (GAE's targets at λ = 0.95 are close to it). A critic well "
+      "above it adds noise to the advantages instead of removing it. Means over seeds [95% interval].",
+      "",
+      "| arm | final accuracy (%) | critic MSE | r̄(1 − r̄) |",
+      "|---|---|---|---|",
+    ]
+    for a in critic_arms:
+      lines.append(
+        f"| {ARMS[a][1]} | {_iv(runs, a, _AFTER).fmt(100)} | {_iv(runs, a, lambda r: r.value_mse_last).fmt(1, '.3f')} "
+        f"| {_iv(runs, a, lambda r: r.reward_var_last).fmt(1, '.3f')} |"
       )
     lines.append("")
   lines += ["## The claims, checked against these numbers", "", *_claims(runs, arms), ""]

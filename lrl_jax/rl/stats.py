@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["Interval", "Paired", "mean_interval", "paired", "sign_test", "verdict", "bands"]
+__all__ = ["Interval", "Paired", "mean_interval", "paired", "sign_test", "verdict", "within", "bands"]
 
 BOOTSTRAP = 10_000
 
@@ -126,6 +126,18 @@ def verdict(lo: float, hi: float, threshold: float, *, at_least: bool = True, st
   if at_least:
     return "holds" if lo >= threshold else "does not hold" if hi < threshold else "inconclusive at 95%"
   return "holds" if hi <= threshold else "does not hold" if lo > threshold else "inconclusive at 95%"
+
+
+def within(lo: float, hi: float, low: float, high: float) -> str:
+  """A claim "value lies in [low, high]" against an interval [lo, hi]: 'holds' if the interval is inside the band,
+  'does not hold' if it is wholly outside it, 'inconclusive at 95%' otherwise (it crosses an edge; NaNs too)."""
+  if not (math.isfinite(lo) and math.isfinite(hi)):
+    return "inconclusive at 95%"
+  if low <= lo and hi <= high:
+    return "holds"
+  if hi < low or lo > high:
+    return "does not hold"
+  return "inconclusive at 95%"
 
 
 def bands(

@@ -1,6 +1,7 @@
 """Unit checks of lrl_jax.rl and the learner's rollout preparation: weight sync against the quantization contract,
 the buffer, GAE, advantages, the QAE Δ schedule."""
 
+import dataclasses
 import functools
 
 import jax
@@ -380,6 +381,24 @@ def test_results_render_tables_and_claims():
     "below 25% (the old plateau): bf16 rollouts (baseline) 0/2, INT4 rollouts + INT4 QAT 0/2, INT4 rollouts, no QAT 1/1"
     in text
   )
+
+  # PPO: the critic's fit table and the band / "helps" claims. ppo − GRPO per seed: −2 and −4 points; a two-seed
+  # resample's mean is −2, −3 or −4, so the interval [−4, −2] crosses the band's edge at −3: inconclusive.
+  critic = [
+    dataclasses.replace(run("ppo", s, 0.5, a, 3e-7), value_mse_last=0.26, reward_var_last=0.24)
+    for s, a in ((0, 0.585), (1, 0.665))
+  ]
+  critic += [
+    dataclasses.replace(run("ppo_v0", s, 0.5, a, 3e-7), value_mse_last=1.5, reward_var_last=0.2)
+    for s, a in ((0, 0.50), (1, 0.60))
+  ]
+  text = render(runs + critic, command="c", seeds=[0, 1], date="today", setting="tiny")
+  assert "## PPO: how well the critic fits" in text
+  row = "| PPO, critic as before (policy's lr, N(0, 1/D) init) | 55.0 [50.0, 60.0] | 1.500 [1.500, 1.500] | 0.200"
+  assert row in text
+  assert "within 3 points of GRPO** (both INT4 QAT, same warm-up), final accuracy: -3.0 [-4.0, -2.0] points" in text
+  assert "inconclusive at 95% (the interval must lie inside ±3)" in text
+  assert "critic lr 1e-3, zero init) vs the critic as before, final accuracy: +7.5 [+6.5, +8.5] points" in text
 
 
 def test_sync_reshards_onto_the_sampler_mesh():

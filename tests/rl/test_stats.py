@@ -83,6 +83,22 @@ def test_strict_verdict_needs_the_interval_off_the_threshold():
   assert stats.verdict(-0.2, 0.0, 0.0, at_least=False, strict=True) == "inconclusive at 95%"
 
 
+@pytest.mark.parametrize(
+  "lo,hi,want",
+  [
+    (-0.01, 0.01, "holds"),  # the edges belong to the band
+    (-0.005, 0.002, "holds"),
+    (0.02, 0.05, "does not hold"),
+    (-0.05, -0.02, "does not hold"),
+    (-0.02, 0.0, "inconclusive at 95%"),  # crosses an edge
+    (-0.02, 0.02, "inconclusive at 95%"),  # wider than the band
+    (math.nan, 0.0, "inconclusive at 95%"),
+  ],
+)
+def test_within_band(lo, hi, want):
+  assert stats.within(lo, hi, -0.01, 0.01) == want
+
+
 def test_bands_resample_whole_seeds():
   rng = np.random.default_rng(0)
   c = rng.standard_normal((10, 5))
