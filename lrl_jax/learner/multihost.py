@@ -2,7 +2,9 @@
 
 Launch recipe (GPU clusters or Cloud TPU pods):
 
-1. Start the same command on every host, e.g. `lrl-jax train configs/x.yaml`, with
+1. Start the same program on every host (your script built on the learner: `create_train_state` / `train_step` on
+   a global mesh, as tests/learner/_mp_child.py does for a GRPO step; `rl.train` and `lrl-jax train` run in one
+   process and refuse more), with
 
      LRL_JAX_COORDINATOR=<host0 ip>:<port>   # e.g. 10.0.0.2:8476, reachable from every host
      LRL_JAX_NUM_PROCESSES=<number of hosts>

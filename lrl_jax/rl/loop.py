@@ -532,7 +532,16 @@ def train(
     ConfigError: the run directory's rules (`rl.rundir`), checked before anything is written.
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
+    NotImplementedError: more than one JAX process (`jax.process_count()`): the loop runs in one process.
   """
+  if jax.process_count() > 1:
+    # Its sampler reads its rollouts back on the host, its rewards and files are per process: across processes it
+    # would fail mid-run on arrays this process cannot address, or write every file once per process.
+    raise NotImplementedError(
+      f"rl.train runs in one process; this is process {jax.process_index()} of {jax.process_count()}. Across "
+      "processes, build the step from the learner's pieces (lrl_jax/learner/multihost.py; tests/learner/_mp_child.py "
+      "runs a GRPO step on a mesh of 2 processes)."
+    )
   t_start = t_call = time.perf_counter()
   out = Path(cfg.run.out_dir)
   changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written

@@ -492,3 +492,13 @@ def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
   r = train(again, overwrite=True, progress=False, export=False)
   assert L.Checkpointer(tmp_path / "again" / "checkpoints").all_steps() == [4]
   assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0, 1, 2, 3]
+
+
+def test_train_refuses_more_than_one_process_before_writing(tmp_path, monkeypatch):
+  """rl.train runs in one process: a second JAX process gets a named error, and nothing is written."""
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  cfg = load_config(QS, [f"run.out_dir={tmp_path / 'run'}"])
+  with pytest.raises(NotImplementedError, match="rl.train runs in one process; this is process 1 of 2"):
+    train(cfg, progress=False)
+  assert not (tmp_path / "run").exists()
