@@ -530,8 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     f"{args.sft_steps if args.sft_steps is not None else c.run.sft_steps} supervised warm-up steps (batch "
     f"{c.run.sft_batch}, lr {c.run.sft_lr:g}), then {args.steps if args.steps is not None else c.run.steps} RL "
     f"steps of {c.run.batch_prompts} prompts x {c.sampler.group_size} completions (lr {c.learner.lr:g}, "
-    f"{c.learner.schedule}); {c.task.eval_size} eval problems; this invocation took {wall / 60:.0f} min"
-    + (" (finished runs read back with --reuse)" if args.reuse else "")
+    f"{c.learner.schedule}); {c.task.eval_size} eval problems; the runs took {sum(r.wall_s for r in runs) / 60:.0f} "
+    f"min of wall time in all (each run's own; a shared warm-up counts in the run that trained it), this invocation "
+    f"{wall / 60:.0f} min" + (" (finished runs read back with --reuse)" if args.reuse else "")
   )
   figures = []
   if args.figures:
