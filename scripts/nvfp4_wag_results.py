@@ -119,7 +119,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--seeds", type=int, default=5)
   p.add_argument("--steps", type=int, default=200)
-  p.add_argument("--sft-steps", type=int, default=500)
+  p.add_argument("--sft-steps", type=int, default=1000, help="supervised warm-up steps (the quickstart's: 1000)")
   p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
   p.add_argument("--root", default="runs/nvfp4_wag_results")
   p.add_argument("--out", default="docs/nvfp4_wag.md")
