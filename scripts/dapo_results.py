@@ -175,7 +175,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--seeds", type=int, default=5)
   p.add_argument("--steps", type=int, default=200)
-  p.add_argument("--sft-steps", type=int, default=500)
+  p.add_argument("--sft-steps", type=int, default=1000, help="supervised warm-up steps (dapo_quickstart's: 1000)")
   p.add_argument("--eval-every", type=int, default=25)
   p.add_argument("--root", default="runs/dapo_results")
   p.add_argument("--out", default="docs/dapo_results.md")
