@@ -19,7 +19,7 @@ from lrl_jax import learner as L
 from lrl_jax import models, quant
 from lrl_jax.config import ConfigError
 from lrl_jax.quant.rules import path_str
-from lrl_jax.rl.sync import SyncSpec, k_block, k_split, sync_spec
+from lrl_jax.rl.sync import SyncSpec, k_misalignment, sync_spec
 from lrl_jax.tasks import Task, task_from_config
 
 __all__ = [
@@ -188,15 +188,10 @@ def misaligned_kernels(params, rules: quant.QuantRules | None, mesh) -> list[str
   flat = jax.tree_util.tree_leaves_with_path(params)
   for (path, leaf), sh in zip(flat, jax.tree_util.tree_leaves(shardings)):
     name = path_str(path)
-    spec = rules.spec_for(name)
-    block = None if spec is None else k_block(spec)
-    if block is None or len(leaf.shape) < 2:
-      continue
-    axis = rules.axis % len(leaf.shape)
-    axes = k_split(leaf.shape, sh.spec, axis)
-    n = math.prod(mesh.shape[a] for a in axes)
-    K = leaf.shape[axis]
-    if n > 1 and (K // n) % block:
+    bad = k_misalignment(leaf.shape, sh.spec, mesh.shape, rules.spec_for(name), rules.axis)
+    if bad is not None:
+      axes, n, block = bad
+      K = leaf.shape[rules.axis % len(leaf.shape)]
       out.append(f"{name}: K={K} over {'x'.join(axes)}={n} is {K // n} rows per shard, blocks of {block}")
   return out
 

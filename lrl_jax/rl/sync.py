@@ -26,7 +26,7 @@ from lrl_jax import quant
 from lrl_jax.quant.rules import path_str
 from lrl_jax.sampler import serve_params, shard_params
 
-__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora", "k_block", "k_split", "align_for_quantize"]
+__all__ = ["SyncSpec", "sync", "sync_spec", "merge_lora", "k_misalignment", "align_for_quantize"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,18 +76,29 @@ def merge_lora(params, lora):
   return out
 
 
-def k_block(spec) -> int | None:
+def _k_block(spec) -> int | None:
   """Elements of one scale block along K (the contraction axis) of a spec, or None (FP8 per channel: all of K)."""
   if isinstance(spec, quant.FP8):
     return spec.block if spec.granularity == "block" else None
   return getattr(spec, "block", None)
 
 
-def k_split(shape, pspec, axis: int) -> tuple[str, ...]:
-  """The mesh axes that shard dimension `axis` of an array of `shape` under PartitionSpec `pspec`."""
-  axis %= len(shape)
+def _dim_axes(pspec, axis: int) -> tuple[str, ...]:
+  """The mesh axes that PartitionSpec `pspec` puts on dimension `axis` (non-negative)."""
   entry = pspec[axis] if axis < len(pspec) else None
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
+def k_misalignment(shape, pspec, mesh_shape, spec, axis: int) -> tuple[tuple[str, ...], int, int] | None:
+  """(the mesh axes over K, their total size n, the block) when a kernel of `shape` laid out by `pspec` on a mesh of
+  `mesh_shape` (axis name -> size) has K shards (K / n rows) that the quantizer's blocks of `spec` along K (dimension
+  `axis`) do not divide; None when they do, or nothing is blocked along K."""
+  block = None if spec is None else _k_block(spec)
+  if block is None or len(shape) < 2:
+    return None
+  axes = _dim_axes(pspec, axis % len(shape))
+  n = math.prod(mesh_shape[a] for a in axes)
+  return (axes, n, block) if n > 1 and (shape[axis % len(shape)] // n) % block else None
 
 
 def align_for_quantize(params, rules: quant.QuantRules | None):
@@ -105,18 +116,15 @@ def align_for_quantize(params, rules: quant.QuantRules | None):
 
   def fix(path, w):
     sh = getattr(w, "sharding", None)
-    spec = rules.spec_for(path_str(path))
-    block = None if spec is None else k_block(spec)
-    if block is None or not isinstance(sh, NamedSharding) or w.ndim < 2:
+    if not isinstance(sh, NamedSharding):
+      return w
+    bad = k_misalignment(w.shape, sh.spec, sh.mesh.shape, rules.spec_for(path_str(path)), rules.axis)
+    if bad is None:
       return w
     nd, k_ax = w.ndim, rules.axis % w.ndim
-    axes = k_split(w.shape, sh.spec, k_ax)
-    n = math.prod(sh.mesh.shape[a] for a in axes)
-    if n == 1 or (w.shape[k_ax] // n) % block == 0:
-      return w
     n_ax = nd - 1 if k_ax == nd - 2 else nd - 2  # the other matrix dimension
     entries = list(sh.spec) + [None] * (nd - len(sh.spec))
-    on_n = k_split(w.shape, sh.spec, n_ax) + axes
+    on_n = _dim_axes(sh.spec, n_ax) + bad[0]
     entries[k_ax] = None
     if w.shape[n_ax] % math.prod(sh.mesh.shape[a] for a in on_n) == 0:
       entries[n_ax] = on_n
