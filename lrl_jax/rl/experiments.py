@@ -243,6 +243,12 @@ def _paired_text(p: stats.Paired, scale=100.0, unit=" points") -> str:
   )
 
 
+def _beats(runs, arm, base) -> str:
+  """'<paired text> — <verdict>' of the claim "arm's final accuracy > base's" (paired by seed, strict)."""
+  p = stats.paired(_by_seed(runs, arm, _AFTER), _by_seed(runs, base, _AFTER))
+  return f"{_paired_text(p)} — {stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)}"
+
+
 def _claims(runs, arms) -> list[str]:
   has = lambda *a: all(x in arms for x in a)  # noqa: E731
   out = []
@@ -293,17 +299,14 @@ def _claims(runs, arms) -> list[str]:
   ):
     for arm in arms_c:
       if has(none, arm):
-        p = stats.paired(_by_seed(runs, arm, _AFTER), _by_seed(runs, none, _AFTER))
         out.append(
-          f"- {ARMS[arm][1]} vs no correction, final accuracy: {_paired_text(p)} — "
-          f"{stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)} (claim: the correction helps)."
+          f"- {ARMS[arm][1]} vs no correction, final accuracy: {_beats(runs, arm, none)} (claim: the correction helps)."
         )
   if has("w4a8_acrl", "w4a8_tis", "w4a8_mis"):
     for other in ("w4a8_tis", "w4a8_mis"):
-      p = stats.paired(_by_seed(runs, "w4a8_acrl", _AFTER), _by_seed(runs, other, _AFTER))
       out.append(
-        f"- ACRL vs {other.split('_')[1].upper()} under the stress format, final accuracy: {_paired_text(p)} — "
-        f"{stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)} (claim: ACRL beats it)."
+        f"- ACRL vs {other.split('_')[1].upper()} under the stress format, final accuracy: "
+        f"{_beats(runs, 'w4a8_acrl', other)} (claim: ACRL beats it)."
       )
   for arm in ("ppo", "ppo_nowhiten", "ppo_v0"):
     if has(arm):
@@ -321,20 +324,19 @@ def _claims(runs, arms) -> list[str]:
       )
   for arm in ("ppo", "ppo_v0_zero_init", "ppo_v0_critic_lr"):
     if has(arm, "ppo_v0"):
-      p = stats.paired(_by_seed(runs, arm, _AFTER), _by_seed(runs, "ppo_v0", _AFTER))
-      v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
-      out.append(f"- {ARMS[arm][1]} vs the critic as before, final accuracy: {_paired_text(p)} — {v} (claim: helps).")
+      out.append(
+        f"- {ARMS[arm][1]} vs the critic as before, final accuracy: {_beats(runs, arm, 'ppo_v0')} (claim: helps)."
+      )
   if has("ppo", "ppo_nowhiten"):
     p = stats.paired(_by_seed(runs, "ppo_nowhiten", _AFTER), _by_seed(runs, "ppo", _AFTER))
     out.append(f"- PPO without advantage whitening vs with, final accuracy: {_paired_text(p)}.")
   if has("ppo", "ppo_vclip"):
-    p = stats.paired(_by_seed(runs, "ppo_vclip", _AFTER), _by_seed(runs, "ppo", _AFTER))
-    v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
-    out.append(f"- PPO with value clipping (ε 0.5) vs without, final accuracy: {_paired_text(p)} — {v} (claim: helps).")
+    out.append(
+      f"- PPO with value clipping (ε 0.5) vs without, final accuracy: {_beats(runs, 'ppo_vclip', 'ppo')} "
+      "(claim: helps)."
+    )
   if has("ppo", "ppo_qae"):
-    p = stats.paired(_by_seed(runs, "ppo_qae", _AFTER), _by_seed(runs, "ppo", _AFTER))
-    v = stats.verdict(p.diff.lo, p.diff.hi, 0.0, strict=True)
-    out.append(f"- PPO + QAE vs PPO, final accuracy: {_paired_text(p)} — {v} (claim: QAE helps).")
+    out.append(f"- PPO + QAE vs PPO, final accuracy: {_beats(runs, 'ppo_qae', 'ppo')} (claim: QAE helps).")
   stalled = []
   for a in arms:
     before = [r.accuracy_before for r in runs if r.arm == a]
