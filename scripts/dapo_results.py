@@ -12,6 +12,10 @@ same problems: problems and seeds resampled, 95% bootstrap):
 
   python scripts/dapo_results.py --seeds 5             # the table in docs/dapo_results.md
   python scripts/dapo_results.py --seeds 1 --steps 3 --sft-steps 20 --root /tmp/d   # a smoke run
+  python scripts/dapo_results.py --config configs/dapo_smollm2.yaml --seeds 3 \
+      --root runs/dapo_smollm2 --out docs/dapo_smollm2.md  # SmolLM2-135M-Instruct (the config's steps, no warm-up)
+
+`--steps`, `--sft-steps` and `--eval-every` default to the config's own.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,11 +46,13 @@ ARMS = {"off": "dapo.dynamic_sampling=false", "on": "dapo.dynamic_sampling=true"
 def run(arm: str, seed: int, args) -> Path:
   out = Path(args.root) / arm / f"seed{seed}"
   key = {"steps": args.steps, "sft_steps": args.sft_steps, "eval_every": args.eval_every}
+  if args.config != CONFIG:
+    key["config"] = args.config
   done = out / "done.json"
   if args.reuse and done.is_file() and json.loads(done.read_text()) == key:
     return out
   cfg = load_config(
-    CONFIG,
+    args.config,
     [
       ARMS[arm],
       f"run.seed={seed}",
@@ -97,17 +104,39 @@ def at_budget(curve, budget: float) -> float:
   return fit[-1]
 
 
-def render(runs: dict, args, wall: float) -> str:
+def figure(out: str) -> str:
+  """The plot's file name under docs/figures (the embedded task's keeps its first name)."""
+  stem = Path(out).stem
+  return "dapo_accuracy_vs_tokens.png" if stem == "dapo_results" else f"{stem}_accuracy_vs_tokens.png"
+
+
+def describe(cfg) -> str:
+  """The arms' shared settings, read from the config (what the table was measured with)."""
+  q, s, d = cfg.quant, cfg.sampler, cfg.dapo
+  learner = "bf16" if q.learner == "none" else f"{q.learner} QAT"
+  model = cfg.model.source if cfg.model.source != "tiny" else f"tiny {cfg.model.arch}"
+  return (
+    f"model {model}, {learner} learner, {q.sampler} rollouts, {cfg.task.digits}-digit addition, "
+    f"G = {s.group_size} x {cfg.run.batch_prompts} prompts, {cfg.run.sft_steps} warm-up steps, {cfg.run.steps} RL "
+    f"steps; overlong shaping with L_max = {s.max_new_tokens}, L_cache = {d.overlong_buffer}, overlong filtering "
+    f"{'on' if d.overlong_filter else 'off'}"
+  )
+
+
+def render(runs: dict, args, wall: float, cfg) -> str:
   seeds = sorted(runs["off"])
+  flags = f"--seeds {args.seeds} --steps {cfg.run.steps} --sft-steps {cfg.run.sft_steps}"
+  if args.config != CONFIG:
+    flags = f"--config {args.config} {flags} --eval-every {cfg.run.eval_every}"
   lines = [
-    "# DAPO dynamic sampling: accuracy per generated token",
+    f"# DAPO dynamic sampling: accuracy per generated token ({cfg.model.source})",
     "",
-    f"Made by `python scripts/dapo_results.py --seeds {args.seeds} --steps {args.steps} --sft-steps {args.sft_steps}` "
+    f"Made by `python scripts/dapo_results.py {flags}` "
     f"on {datetime.date.today().isoformat()}, {platform.machine()} CPU, {os.cpu_count()} cores "
-    f"({wall / 60:.0f} min of runs). Both arms: `{CONFIG}` (INT4 QAT learner, INT4 rollouts, 2-digit addition, "
-    "G = 4 x 32 prompts, overlong shaping with L_max = 6, L_cache = 1, and overlong filtering); `on` sets "
-    "`dapo.dynamic_sampling=true` (at most 3 generation rounds a step). Seeds "
-    f"{seeds}, the same in both arms. Accuracy: greedy, 256 held-out sums, served INT4 weights.",
+    f"({wall / 60:.0f} min of runs). Both arms: `{args.config}` ({describe(cfg)}); `on` sets "
+    f"`dapo.dynamic_sampling=true` (at most {cfg.dapo.max_rounds} generation rounds a step). Seeds "
+    f"{seeds}, the same in both arms. Accuracy: greedy, {cfg.task.eval_size} held-out sums, on the served "
+    "weights.",
     "",
     "| arm | accuracy before | accuracy after | generated tokens (M) | rounds / step | groups dropped | "
     "groups filled / step |",
@@ -141,7 +170,7 @@ def render(runs: dict, args, wall: float) -> str:
     f"| at the same generated tokens it is higher (on at off's budget − off final > 0) | {100 * d_budget[0]:+.1f} | "
     f"[{100 * d_budget[1]:+.1f}, {100 * d_budget[2]:+.1f}] | {verdict(d_budget[1], d_budget[2])} |",
     "",
-    "![accuracy vs generated tokens](figures/dapo_accuracy_vs_tokens.png)",
+    f"![accuracy vs generated tokens](figures/{figure(args.out)})",
     "",
     "The first interval resamples seeds and the 256 problems within each (paired: the same problems in both arms); "
     "the second resamples seeds only (the on arm's accuracy at the budget comes from an intermediate evaluation, "
@@ -173,14 +202,25 @@ def plot(runs: dict, path: Path) -> None:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--config", default=CONFIG, help="both arms' config (they differ in dapo.dynamic_sampling only)")
   p.add_argument("--seeds", type=int, default=5)
-  p.add_argument("--steps", type=int, default=200)
-  p.add_argument("--sft-steps", type=int, default=1000, help="supervised warm-up steps (dapo_quickstart's: 1000)")
-  p.add_argument("--eval-every", type=int, default=25)
+  p.add_argument("--steps", type=int, default=None, help="RL steps (default: the config's)")
+  p.add_argument("--sft-steps", type=int, default=None, help="supervised warm-up steps (default: the config's)")
+  p.add_argument("--eval-every", type=int, default=None, help="default: the config's")
   p.add_argument("--root", default="runs/dapo_results")
   p.add_argument("--out", default="docs/dapo_results.md")
   p.add_argument("--reuse", action="store_true", help="keep finished runs with the same settings")
   args = p.parse_args(argv)
+  base = load_config(args.config)
+  args.steps = base.run.steps if args.steps is None else args.steps
+  args.sft_steps = base.run.sft_steps if args.sft_steps is None else args.sft_steps
+  args.eval_every = base.run.eval_every if args.eval_every is None else args.eval_every
+  cfg = load_config(
+    args.config, [f"run.steps={args.steps}", f"run.sft_steps={args.sft_steps}", f"run.eval_every={args.eval_every}"]
+  )
+  # the runs differ in seed and one flag: a persistent compilation cache lets later runs reuse the first's executables
+  jax.config.update("jax_compilation_cache_dir", str(Path(args.root) / "jax_cache"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   t0 = time.perf_counter()
   runs: dict = {arm: {} for arm in ARMS}
   for seed in range(args.seeds):
@@ -193,9 +233,9 @@ def main(argv=None) -> int:
         f"{r['tokens'] / 1e6:.3f} M tokens ({time.perf_counter() - t:.0f} s)",
         flush=True,
       )
-  text = render(runs, args, time.perf_counter() - t0)
+  text = render(runs, args, time.perf_counter() - t0, cfg)
   out = Path(args.out)
-  plot(runs, out.parent / "figures" / "dapo_accuracy_vs_tokens.png")
+  plot(runs, out.parent / "figures" / figure(args.out))
   out.write_text(text)
   print(text)
   return 0

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -184,9 +185,11 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 
 def shard_batch(batch, mesh: Mesh):
-  """Places every array of a batch pytree (leading dimension B) with `batch_sharding` (single process).
+  """Places every array of a batch pytree (leading dimension B) with `batch_sharding`.
 
-  Multi-host: build each array with `jax.make_array_from_process_local_data` instead (multihost.py).
+  Across processes every process passes the whole batch (the same values: e.g. the RL loop's exchanged rollout,
+  `rl.procs`) and places the rows its devices hold; when each holds only its own rows, build each array with
+  `jax.make_array_from_process_local_data` instead (multihost.py).
   """
 
   def put(x):
@@ -195,7 +198,11 @@ def shard_batch(batch, mesh: Mesh):
       raise ValueError(
         f"shard_batch: batch dimension {x.shape[0]} (array shape {x.shape}) is not divisible by data*fsdp = {n}"
       )
-    return jax.device_put(x, batch_sharding(mesh, x.ndim))
+    sharding = batch_sharding(mesh, x.ndim)
+    if jax.process_count() > 1:
+      whole = np.asarray(x)
+      return jax.make_array_from_callback(whole.shape, sharding, lambda idx: whole[idx])
+    return jax.device_put(x, sharding)
 
   return jax.tree_util.tree_map(put, batch)
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from lrl_jax import models
 from lrl_jax.config import ConfigError, describe, load_config
-from lrl_jax.learner import CheckpointError, NonFiniteError
+from lrl_jax.learner import CheckpointError, NonFiniteError, initialize_distributed
 from lrl_jax.rl.loop import evaluate, restore_run, served_weights, train
 from lrl_jax.rl.rundir import checkpoint_mismatch
 from lrl_jax.rl.setup import build_model
@@ -122,6 +122,9 @@ def train_main(argv: list[str] | None = None) -> int:
   if cfg is None:
     return err
   logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+  # one process per host: joins the others when LRL_JAX_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID (or a cluster
+  # JAX detects) say so, before any device is touched (learner/multihost.py); otherwise nothing happens
+  initialize_distributed()
   print(
     f"lrl-jax train {args.config}: model {cfg.model.source}, learner {cfg.quant.learner} / sampler "
     f"{cfg.quant.sampler}, {cfg.learner.policy_loss} + {cfg.learner.correction.method}; "

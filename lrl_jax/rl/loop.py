@@ -48,7 +48,7 @@ from tqdm.auto import tqdm
 
 from lrl_jax import learner as L
 from lrl_jax import models
-from lrl_jax.rl import dapo
+from lrl_jax.rl import dapo, procs
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
 from lrl_jax.rl.recover import recover
@@ -57,6 +57,7 @@ from lrl_jax.rl.rundir import check_run_dir, clear_run, load_tree, save_tree, wr
 from lrl_jax.rl.setup import Setup, build_model, learner_mesh, misaligned_kernels, new_state, sampler_mesh
 from lrl_jax.rl.sync import merge_lora, sync
 from lrl_jax.rl.warmup import supervised_warmup
+from lrl_jax.sampler import row_keys
 from lrl_jax.tasks import RewardPool
 
 __all__ = ["RunResult", "SamplerError", "train", "evaluate", "encode_prompt_batch", "restore_run", "served_weights"]
@@ -136,10 +137,11 @@ def evaluate(
   sets = setup.task.eval_sets(n) if transfer else {"": setup.task.prompts(0, n, split="eval")}
   out: dict[str, float] = {}
   for name, (prompts, refs) in sets.items():
+    refs = list(refs)
     tok, val = encode_prompt_batch(setup.task, prompts)
-    key = jax.random.PRNGKey(seed)
-    roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=True, lora=lora)
-    rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs, cfg, pool)
+    roll, rewards, stats = _generate_and_score(
+      served, tok, val, refs, setup, cfg, jax.random.PRNGKey(seed), pool, evaluation=True, lora=lora
+    )
     if problems is not None:
       P = tok.shape[1]
       comps = setup.task.decode_completions(np.asarray(roll.tokens)[:, P:], np.asarray(roll.loss_mask)[:, P:])
@@ -162,6 +164,36 @@ def evaluate(
         }
       )
   return out
+
+
+def _generate_and_score(served, tok, val, refs_g, setup: Setup, cfg, key, pool, *, evaluation, lora=None, group_size=1):
+  """(rollout, rewards f32 [rows], reward stats) of the prompt rows `tok` [B, P] x `group_size`, every row keyed as
+  one process keys the whole batch (`sampler.row_keys(key, B·G)`). Across processes each generates and scores its
+  share of the rows and the shares are exchanged (`rl.procs`): every process returns the whole batch, as NumPy. A
+  batch that does not split evenly is padded with copies of its last prompt, dropped again after the exchange."""
+  if procs.count() == 1:
+    roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=evaluation, lora=lora, group_size=group_size)
+    rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs_g, cfg, pool)
+    return roll, np.asarray(rewards, np.float32), stats
+  B, G = len(tok), group_size
+  pad = -B % procs.count()
+  if pad:
+    tok, val = (np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in (np.asarray(tok), np.asarray(val)))
+    refs_g = [*refs_g, *[refs_g[-1]] * (pad * G)]
+  mine, rows = procs.share(B + pad), procs.share((B + pad) * G)
+  keys = row_keys(key, (B + pad) * G)[rows]
+  roll = generate_rollout(
+    served, tok[mine], val[mine], setup, cfg, keys, evaluation=evaluation, lora=lora, group_size=G
+  )
+  rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs_g[rows], cfg, pool)
+  counts = np.asarray([int(stats["failed"]), int(stats["timeouts"])], np.int64)
+  local = (jax.tree_util.tree_map(np.asarray, roll), np.asarray(rewards, np.float32), counts)
+  roll, rewards, counts = procs.gather_rows(local)
+  if pad:
+    roll = jax.tree_util.tree_map(lambda x: x[: B * G], roll)
+    rewards = rewards[: B * G]
+  counts = counts.reshape(procs.count(), 2).sum(0)
+  return roll, rewards, {"failed": int(counts[0]), "timeouts": int(counts[1])}
 
 
 @functools.partial(jax.jit, static_argnames=("lcfg",))
@@ -187,7 +219,8 @@ def served_weights(state: L.TrainState, setup: Setup, timings: dict | None = Non
   lora = state.lora if state.trainable == "lora" else None
   if lora is not None and mesh is not None:
     lora = jax.device_put(lora, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-  return sync(state.params, setup.sync, mesh=mesh, timings=timings), lora
+  served = sync(state.params, setup.sync, mesh=mesh, timings=timings)
+  return procs.gather_tree(served), procs.gather_tree(lora)  # across processes: whole on each one's sampler
 
 
 def _save_checkpoint(ckpt, state, queue, out: Path, K: int) -> None:
@@ -195,7 +228,7 @@ def _save_checkpoint(ckpt, state, queue, out: Path, K: int) -> None:
   (`offpolicy_<RL step>.npz`, their versions in `offpolicy_<RL step>.json`, kept for the checkpoints orbax keeps):
   a resume then generates as the run did."""
   ckpt.save(state)
-  if queue is None or not queue.held:
+  if queue is None or not queue.held or not procs.primary():
     return
   ckpt.wait()
   held = queue.held
@@ -212,7 +245,9 @@ def _save_checkpoint(ckpt, state, queue, out: Path, K: int) -> None:
 
 def _write_problems(path: Path, rows: list[dict]) -> None:
   """One JSON line per evaluated problem (what the model answered, and its reward), written whole (a temporary
-  file renamed into place)."""
+  file renamed into place); by process 0 only."""
+  if not procs.primary():
+    return
   tmp = path.with_name(path.name + ".tmp")
   tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
   tmp.replace(path)
@@ -409,7 +444,7 @@ def _rl_step(
     "response_len": float(gen.pop("response_len")),
     "reward_failed": int(rstats["failed"]),
     "reward_timeouts": int(rstats["timeouts"]),
-    "advantage_abs_mean": float(np.abs(np.asarray(roll.advantages)).mean()),
+    "advantage_abs_mean": _abs_mean(roll.advantages),
     "policy_lag": k - version,
   }
   rec.update(gen)
@@ -440,6 +475,13 @@ def _rl_step(
   return state, rec
 
 
+def _abs_mean(x) -> float:
+  """mean |x| of a rollout array: on the host, or by XLA for a global array spread over several processes."""
+  if procs.count() == 1:
+    return float(np.abs(np.asarray(x)).mean())
+  return float(jax.jit(lambda a: jnp.abs(a).mean())(x))
+
+
 def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, step_key, pool):
   """The generation rounds of step k (one, or DAPO's dynamic sampling: `rl.dapo`) -> (rollout of batch_prompts
   groups, its task rewards f32 [B·G], reward stats, generation record)."""
@@ -454,12 +496,18 @@ def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, ste
       refs_g = [x for x in refs for _ in range(G)]
     t0 = time.perf_counter()
     key = step_key if r == 0 else jax.random.fold_in(step_key, r)
-    roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=False, lora=lora, group_size=G)
-    roll = jax.block_until_ready(roll)
-    t_gen += time.perf_counter() - t0
-    t0 = time.perf_counter()
-    rewards, st = score_rollout(task, roll, tok.shape[1], refs_g, cfg, pool)
-    t_rew += time.perf_counter() - t0
+    if procs.count() > 1:  # each process its share of the rows, then exchanged: generation and rewards in one time
+      roll, rewards, st = _generate_and_score(
+        served, tok, val, refs_g, setup, cfg, key, pool, evaluation=False, lora=lora, group_size=G
+      )
+      t_gen += time.perf_counter() - t0
+    else:
+      roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=False, lora=lora, group_size=G)
+      roll = jax.block_until_ready(roll)
+      t_gen += time.perf_counter() - t0
+      t0 = time.perf_counter()
+      rewards, st = score_rollout(task, roll, tok.shape[1], refs_g, cfg, pool)
+      t_rew += time.perf_counter() - t0
     stats = {n: stats[n] + int(st[n]) for n in stats}
     rolls.append(roll)
     rews.append(np.asarray(rewards, np.float32))
@@ -532,19 +580,17 @@ def train(
     ConfigError: the run directory's rules (`rl.rundir`), checked before anything is written.
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
-    NotImplementedError: more than one JAX process (`jax.process_count()`): the loop runs in one process.
+    NotImplementedError: across processes (`jax.process_count()` > 1, `rl.procs`), the modes not built there yet:
+      asynchronous rollouts, a sampler mesh of its own, a KL penalty.
+
+  Across processes every process calls `train` with the same config (`lrl-jax train` on every host, after
+  `learner.initialize_distributed`); see `rl.procs` for who samples what and who writes.
   """
-  if jax.process_count() > 1:
-    # Its sampler reads its rollouts back on the host, its rewards and files are per process: across processes it
-    # would fail mid-run on arrays this process cannot address, or write every file once per process.
-    raise NotImplementedError(
-      f"rl.train runs in one process; this is process {jax.process_index()} of {jax.process_count()}. Across "
-      "processes, build the step from the learner's pieces (lrl_jax/learner/multihost.py; tests/learner/_mp_child.py "
-      "runs a GRPO step on a mesh of 2 processes)."
-    )
+  _check_processes(cfg)
   t_start = t_call = time.perf_counter()
   out = Path(cfg.run.out_dir)
   changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written
+  procs.barrier("lrl_jax: run directory checked")  # before process 0 clears it
   K = cfg.learner.minibatches
   mesh, smesh = learner_mesh(cfg), sampler_mesh(cfg)
   setup = build_model(cfg, task=task)
@@ -560,10 +606,11 @@ def train(
     )
   out.mkdir(parents=True, exist_ok=True)
   pool = RewardPool.for_task(setup.task, workers=cfg.task.reward_workers) if cfg.task.reward_workers else None
-  if not resume:
+  if not resume and procs.primary():
     # A fresh run owns its directory: stale checkpoints would otherwise shadow this run's (same step numbers)
     # and a later --resume would pick them up. check_run_dir let it through: empty, or overwrite=True.
     clear_run(out)
+  procs.barrier("lrl_jax: run directory cleared")
   ckpt = L.Checkpointer(out / "checkpoints", save_every=max(cfg.run.ckpt_every, 1) * K)
   guard = L.NonFiniteGuard(max_in_row=cfg.run.max_nonfinite_steps)
 
@@ -576,16 +623,18 @@ def train(
     start = int(jax.device_get(state.step)) // K
     if (out / _PRE_RL).is_file():
       pre = json.loads((out / _PRE_RL).read_text())
-    write_config(cfg, out, changes, step=start)
-    logger = M.MetricsLogger(out, resume_from_step=start)
+    if procs.primary():
+      write_config(cfg, out, changes, step=start)
+    logger = M.MetricsLogger(out, resume_from_step=start, write=procs.primary())
     # the run's clock goes on from its last kept record (the time between that record and the interruption is lost)
     t_start -= max((r.get("time/elapsed_s", 0.0) for r in M.read_metrics(logger.path)), default=0.0)
     print(f"resumed from {ckpt.directory} at RL step {start}", flush=True)
     for key, (a, b) in changes.items():
       print(f"  changed on resume: {key}: {a!r} -> {b!r} (config_history.jsonl)", flush=True)
   else:
-    write_config(cfg, out)
-    logger = M.MetricsLogger(out)
+    if procs.primary():
+      write_config(cfg, out)
+    logger = M.MetricsLogger(out, write=procs.primary())
   ref_params = None
   rollouts = None
   records: list[dict] = []
@@ -601,6 +650,8 @@ def train(
       params = recover(
         cfg, setup, params, logger=logger, progress=progress, evaluate=lambda served: evaluate(served, setup, cfg)
       )
+      if procs.count() > 1:  # the warm-up's (identical) result in each process, as host arrays for the global mesh
+        params = jax.device_get(params)
       state = new_state(cfg, setup, params, mesh=mesh)
       if cfg.learner.kl_coef > 0 and state.trainable == "full":
         save_tree(out / _REF, params)
@@ -632,7 +683,8 @@ def train(
       ev = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
       _write_problems(out / "eval_before.jsonl", rows)
       pre = {"accuracy_before": ev["eval_accuracy"], **ev}
-      (out / _PRE_RL).write_text(json.dumps(pre))
+      if procs.primary():
+        (out / _PRE_RL).write_text(json.dumps(pre))
       logger.log(0, {**ev, **_elapsed(t_start)}, phase="eval")
 
     bar = tqdm(
@@ -695,10 +747,12 @@ def train(
     if pool is not None:
       pool.close()
 
+  procs.barrier("lrl_jax: metrics written")  # the others read process 0's metrics.jsonl
   all_recs = M.read_metrics(logger.path)
   rl = [r for r in all_recs if r["phase"] == "rl"]
-  plots = M.plot_run(out, all_recs)
-  paths["plots"] = ", ".join(str(p) for p in plots)
+  if procs.primary():
+    plots = M.plot_run(out, all_recs)
+    paths["plots"] = ", ".join(str(p) for p in plots)
   paths["eval_problems"] = f"{out / 'eval_before.jsonl'}, {out / 'eval_after.jsonl'}"
   if logger.tensorboard_dir is not None:
     paths["tensorboard"] = str(logger.tensorboard_dir)
@@ -724,10 +778,37 @@ def train(
     eval_after=final,
   )
   paths["summary"] = str(out / "summary.md")
-  text = M.write_run_summary(cfg, result, rl)
-  if progress:
-    print(text, flush=True)
+  if procs.primary():
+    text = M.write_run_summary(cfg, result, rl)
+    if progress:
+      print(text, flush=True)
   return result
+
+
+def _check_processes(cfg) -> None:
+  """Across processes: refuses the modes not built there (named), and batches that do not split evenly."""
+  if procs.count() == 1:
+    return
+  where = f"process {procs.index()} of {procs.count()}"
+  if cfg.run.async_rollouts:
+    raise NotImplementedError(
+      f"run.async_rollouts across processes is not built ({where}): the sampler thread's exchanges of rows would "
+      "interleave with the learner's collectives; run synchronously (run.off_policy keeps the one-step lag)"
+    )
+  if sampler_mesh(cfg) is not None:
+    raise NotImplementedError(
+      f"a sampler mesh of its own (run.placement / sampler.mesh) across processes is not built ({where}): each "
+      "process samples on its first device"
+    )
+  if cfg.learner.kl_coef > 0:
+    raise NotImplementedError(f"learner.kl_coef > 0 across processes is not built ({where})")
+  mesh = learner_mesh(cfg)
+  if mesh is None or mesh.devices.size != jax.device_count():
+    raise ValueError(
+      f"learner.mesh={tuple(cfg.learner.mesh)} must span all {jax.device_count()} devices of the {procs.count()} "
+      f"processes ({where}): e.g. learner.mesh=[-1, 1, 1]"
+    )
+  procs.check_divides(cfg.run.batch_prompts, "run.batch_prompts")
 
 
 def _export(state, setup: Setup, cfg, path: Path) -> Path:
@@ -736,6 +817,10 @@ def _export(state, setup: Setup, cfg, path: Path) -> Path:
   LoRA runs export the merged weights. The tiny model exports as its Qwen2 / Llama family config.
   """
   params = merge_lora(state.params, state.lora if state.trainable == "lora" else None)
+  if procs.count() > 1:  # global arrays: whole on every process (a collective), written by process 0
+    params = procs.gather_rows(params)
+    if not procs.primary():
+      return path
   spec = cfg.quant.sampler_spec
   return models.export_compressed_tensors(
     path,

@@ -50,12 +50,24 @@ class MetricsLogger:
     out_dir: the run directory.
     tensorboard: write TensorBoard event files under `<out_dir>/tb` (needs tensorboardX; warns if missing).
     resume_from_step: on a resumed run, drop records of RL steps >= this (they are recomputed) and append.
+    write: False: write nothing, only return the records (the processes of a multi-process run other than
+      process 0, which writes the run's files: `rl.procs`).
   """
 
-  def __init__(self, out_dir: str | os.PathLike, *, tensorboard: bool = True, resume_from_step: int | None = None):
+  def __init__(
+    self,
+    out_dir: str | os.PathLike,
+    *,
+    tensorboard: bool = True,
+    resume_from_step: int | None = None,
+    write: bool = True,
+  ):
     self.out_dir = Path(out_dir)
-    self.out_dir.mkdir(parents=True, exist_ok=True)
     self.path = self.out_dir / "metrics.jsonl"
+    self._f = self._tb = None
+    if not write:
+      return
+    self.out_dir.mkdir(parents=True, exist_ok=True)
     if resume_from_step is None:
       self.path.write_text("")
       shutil.rmtree(self.out_dir / "tb", ignore_errors=True)  # a fresh run: no stale event files
@@ -65,7 +77,6 @@ class MetricsLogger:
       ]
       self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
     self._f = open(self.path, "a", encoding="utf-8")
-    self._tb = None
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter  # lazy: protobuf-heavy, and only when TensorBoard is asked for  # noqa: PLC0415
@@ -88,6 +99,8 @@ class MetricsLogger:
         rec[k] = None
       elif s is not None:
         rec[k] = s
+    if self._f is None:
+      return rec
     self._f.write(json.dumps(rec) + "\n")
     self._f.flush()
     if self._tb is not None:
@@ -97,7 +110,8 @@ class MetricsLogger:
     return rec
 
   def close(self) -> None:
-    self._f.close()
+    if self._f is not None:
+      self._f.close()
     if self._tb is not None:
       self._tb.close()
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from lrl_jax.rollout import Rollout
 from lrl_jax.sampler import generate
+from lrl_jax.sampler.sharding import batch_axis_size
 
 __all__ = ["encode_prompt_batch", "generate_rollout", "score_rollout"]
 
@@ -32,7 +33,10 @@ def generate_rollout(served, tokens, valid, setup, cfg, key, *, evaluation: bool
   task, the config's sampler section: rollout or evaluation temperature, slots, FP8 activations, LoRA adapters)."""
   enc = setup.task.encoder
   sampling = cfg.sampler.sampling(eos_id=enc.eos_id, pad_id=enc.pad_id, evaluation=evaluation)
-  slots = cfg.sampler.slots or len(tokens) * group_size  # the rollout engine; null: a slot per completion
+  slots = cfg.sampler.slots
+  if not slots:  # the rollout engine with a slot per completion, rounded up to fill the sampler mesh's batch axis
+    d, _ = batch_axis_size(served)
+    slots = -(-len(tokens) * group_size // d) * d
   return generate(
     served,
     jnp.asarray(tokens),

@@ -153,7 +153,7 @@ def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = No
       print(f"warm-up: read from {cached} (run.warmup_cache)", flush=True)
       return load_tree(cached, like)
   params = _train_warmup(cfg, setup, params, logger=logger, progress=progress)
-  if cached is not None:
+  if cached is not None and jax.process_index() == 0:  # across processes each trains the same warm-up; one writes
     cached.parent.mkdir(parents=True, exist_ok=True)
     save_tree(cached, params)
   return params

@@ -494,11 +494,21 @@ def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
   assert [x["step"] for x in read_metrics(r.paths["metrics"]) if x["phase"] == "rl"] == [0, 1, 2, 3]
 
 
-def test_train_refuses_more_than_one_process_before_writing(tmp_path, monkeypatch):
-  """rl.train runs in one process: a second JAX process gets a named error, and nothing is written."""
+@pytest.mark.parametrize(
+  "over, match",
+  [
+    (["run.async_rollouts=true"], "run.async_rollouts across processes is not built \\(process 1 of 2\\)"),
+    (["learner.kl_coef=0.1"], "learner.kl_coef > 0 across processes"),
+    (["learner.mesh=[1,1,1]"], r"learner.mesh=\(1, 1, 1\) must span all 8 devices of the 2 processes"),
+    (["run.batch_prompts=3"], "run.batch_prompts = 3 does not split across 2 processes"),
+  ],
+)
+def test_train_across_processes_refuses_what_is_not_built_before_writing(tmp_path, monkeypatch, over, match):
+  """Across processes (`rl.procs`; the real 2-process run: test_multiprocess_train.py) the modes not built there get
+  a named error naming the process, before anything is written."""
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 1)
-  cfg = load_config(QS, [f"run.out_dir={tmp_path / 'run'}"])
-  with pytest.raises(NotImplementedError, match="rl.train runs in one process; this is process 1 of 2"):
+  cfg = load_config(QS, [*over, f"run.out_dir={tmp_path / 'run'}"])
+  with pytest.raises((NotImplementedError, ValueError), match=match):
     train(cfg, progress=False)
   assert not (tmp_path / "run").exists()

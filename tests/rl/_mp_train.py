@@ -1,0 +1,55 @@
+"""One process of the 2-process `rl.train` test (`test_multiprocess_train.py`).
+
+Started as `python _mp_train.py <process id> <coordinator port> <run dir> <out .json>`: 4 simulated CPU devices per
+process, `learner.initialize_distributed` over 127.0.0.1, then `rl.train` on the config below (the learner on one
+data=8 mesh across both processes); writes what `train` returned to the .json.
+"""
+
+import json
+import os
+import sys
+
+# the quickstart (INT4 QAT learner, INT4 sampler) made short: a 20-step warm-up, 2 GRPO steps of 4 prompts x G=4
+# (16 rows: 8 per process, 2 per learner device), an eval set of 15 (does not split across 2: padded), a checkpoint
+# every step, the INT4 export at the end
+OVERRIDES = [
+  "run.sft_steps=20",
+  "run.steps=2",
+  "run.batch_prompts=4",
+  "run.eval_every=1",
+  "run.ckpt_every=1",
+  "task.eval_size=15",
+  "task.format_reward=0.5",
+  "learner.mesh=[8,1,1]",
+]
+
+
+def main(pid: int, port: int, out_dir: str, out_path: str):
+  import jax  # noqa: PLC0415
+
+  from lrl_jax import learner as L  # noqa: PLC0415
+  from lrl_jax.config import load_config  # noqa: PLC0415
+  from lrl_jax.rl import train  # noqa: PLC0415
+
+  assert L.initialize_distributed(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+  assert jax.device_count() == 8 and jax.local_device_count() == 4 and jax.process_count() == 2
+  cfg = load_config("configs/quickstart.yaml", [*OVERRIDES, f"run.out_dir={out_dir}"])
+  res = train(cfg, progress=False, export=True)
+  got = {
+    "records": res.records,
+    "accuracy_before": res.accuracy_before,
+    "accuracy_after": res.accuracy_after,
+    "eval_after": res.eval_after,
+    "steps": res.steps,
+    "paths": res.paths,
+  }
+  with open(out_path, "w") as f:
+    json.dump(got, f)
+  print(f"process {pid}: done", flush=True)
+
+
+if __name__ == "__main__":
+  # before the CPU backend starts (the first device use); not on import. The test passes its own flags (4 devices)
+  os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

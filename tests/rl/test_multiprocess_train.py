@@ -1,0 +1,112 @@
+"""`rl.train` across 2 processes on localhost (`jax.distributed` over 127.0.0.1, 4 simulated CPU devices each) gives
+the run one process with 8 devices gives: the same rollouts and rewards, the same evaluations, the learner's numbers
+within the reordering of its cross-device sums; process 0 alone writes the run directory, and the orbax checkpoint
+both wrote restores in one process (`_mp_train.py` runs the processes' side)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _mp_train  # noqa: E402
+
+
+def _timed(key: str) -> bool:
+  """Record keys that are clock readings (each process its own)."""
+  return key.startswith("time/") or key == "tokens_per_s"
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.multiprocess
+def test_train_across_two_processes_equals_one(tmp_path):
+  from lrl_jax.config import load_config  # noqa: PLC0415
+  from lrl_jax.rl import restore_run, train  # noqa: PLC0415
+
+  port = _free_port()
+  env = dict(os.environ)
+  # the children compile as this process does (tests/conftest.py's flags: LLVM -O0 changes the CPU code, and so
+  # the last bits), with 4 devices each
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("device_count=8", "device_count=4")
+  run_dir = tmp_path / "two"
+  logs = [tmp_path / f"{i}.log" for i in range(2)]  # files, not pipes: a full pipe would stall a collective
+  procs = []
+  for i in range(2):
+    argv = [str(HERE / "_mp_train.py"), str(i), str(port), str(run_dir), str(tmp_path / f"{i}.json")]
+    with open(logs[i], "w") as f:
+      procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=f, stderr=subprocess.STDOUT))
+  try:
+    for p in procs:
+      p.wait(timeout=600)
+  finally:
+    for p in procs:
+      p.kill()
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-3000:]}"
+  got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+
+  # the reference: this process, its 8 devices (tests/conftest.py), the same config
+  assert jax.device_count() == 8
+  cfg = load_config("configs/quickstart.yaml", [*_mp_train.OVERRIDES, f"run.out_dir={tmp_path / 'one'}"])
+  want = train(cfg, progress=False, export=True)
+
+  # Process 0 wrote the run directory's files once; the metrics both processes returned are the ones it wrote.
+  assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "summary.md").is_file()
+  assert (run_dir / "eval_after.jsonl").is_file() and Path(got[0]["paths"]["export"]).is_dir()
+  written = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  assert [r for r in written if r["phase"] == "rl"] == got[0]["records"]
+  untimed = lambda recs: [{k: v for k, v in r.items() if not _timed(k)} for r in recs]  # noqa: E731
+  assert untimed(got[0]["records"]) == untimed(got[1]["records"])  # both processes computed the same records
+
+  # Rollouts: each process generated its half of the rows with the keys one process gives them. Tokens and rewards
+  # are equal bit for bit (what is sampled at a step before any update is exact; after one update the learner's
+  # weights differ by the reordering below, and a token would change only if a draw fell within that difference
+  # of a boundary of its CDF: ~1e-5 per draw, ~400 draws a step). μ's log-probs are not bit-equal: a GEMM's
+  # summation blocks depend on its row count (8 rows per process here, 16 in one), so they differ by the f32
+  # rounding of sums of K <= 128 terms of |x| < 30: <= 128 x 2^-24 x 30 ~ 2.3e-4 on a log-prob; the metrics of μ
+  # (the mismatch) are compared with that atol.
+  for i in range(2):
+    assert got[i]["steps"] == want.steps == 2
+    assert got[i]["accuracy_before"] == want.accuracy_before
+    assert got[i]["accuracy_after"] == want.accuracy_after
+    assert got[i]["eval_after"] == want.eval_after  # transfer sets included
+    for g, w in zip(got[i]["records"], want.records, strict=True):
+      assert set(g) == set(w)
+      for k, v in w.items():
+        if _timed(k):
+          continue
+        if k.startswith("mismatch/") or k.startswith("correction/"):
+          np.testing.assert_allclose(g[k], v, rtol=0, atol=2.3e-4, err_msg=f"step {w['step']}: {k}")
+        elif k in ("loss", "grad_norm", "pg_loss", "entropy", "advantage_abs_mean", "kl", "clipfrac", "update_norm"):
+          # the learner's sums across the 8 devices: gloo between the processes, XLA's all-reduce within one;
+          # f32 reordering, <= 7 ulps of the summed magnitudes, x5 for terms of mixed sign (test_multiprocess.py)
+          np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"step {w['step']}: {k}")
+        elif isinstance(v, float):
+          np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"step {w['step']}: {k}")
+        else:
+          assert g[k] == v, f"step {w['step']}: {k}"
+
+  # The checkpoint both processes wrote restores in one process, and holds what one process trains: Adam's
+  # updates are ~lr * sign(g) per element, and an element whose 8 partial gradients cancel to |g| ~ eps can move by
+  # up to 2 lr per step under the reordering (tests/learner/test_multiprocess.py); every element within 2 lr x 2
+  # steps, all but 0.1% within lr x 1e-3.
+  lr = cfg.learner.lr
+  _, two = restore_run(cfg, out_dir=str(run_dir))
+  _, one = restore_run(cfg, out_dir=str(tmp_path / "one"))
+  assert int(two.step) == int(one.step) == 2
+  for a, b in zip(jax.tree_util.tree_leaves(two.params), jax.tree_util.tree_leaves(one.params), strict=True):
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=0, atol=4 * lr)
+    assert np.mean(np.abs(a - b) > lr * 1e-3) <= 1e-3
