@@ -581,7 +581,7 @@ def train(
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
     NotImplementedError: across processes (`jax.process_count()` > 1, `rl.procs`), the modes not built there yet:
-      asynchronous rollouts, a sampler mesh of its own, a KL penalty.
+      asynchronous rollouts, a sampler mesh of its own.
 
   Across processes every process calls `train` with the same config (`lrl-jax train` on every host, after
   `learner.initialize_distributed`); see `rl.procs` for who samples what and who writes.
@@ -653,10 +653,12 @@ def train(
       if procs.count() > 1:  # the warm-up's (identical) result in each process, as host arrays for the global mesh
         params = jax.device_get(params)
       state = new_state(cfg, setup, params, mesh=mesh)
-      if cfg.learner.kl_coef > 0 and state.trainable == "full":
+      if cfg.learner.kl_coef > 0 and state.trainable == "full" and procs.primary():
         save_tree(out / _REF, params)
+      procs.barrier("lrl_jax: reference policy written")
     if cfg.learner.kl_coef > 0:
       ref_params = state.params if state.trainable == "lora" else load_tree(out / _REF, state.params)
+      ref_params = procs.place_like(ref_params, state.params)
 
     sample_key = jax.random.fold_in(jax.random.PRNGKey(cfg.run.seed), 2)
     buffer = RolloutBuffer(minibatches=K, seed=cfg.run.seed)
@@ -800,8 +802,6 @@ def _check_processes(cfg) -> None:
       f"a sampler mesh of its own (run.placement / sampler.mesh) across processes is not built ({where}): each "
       "process samples on its first device"
     )
-  if cfg.learner.kl_coef > 0:
-    raise NotImplementedError(f"learner.kl_coef > 0 across processes is not built ({where})")
   mesh = learner_mesh(cfg)
   if mesh is None or mesh.devices.size != jax.device_count():
     raise ValueError(

@@ -18,7 +18,17 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-__all__ = ["count", "index", "primary", "share", "gather_rows", "gather_tree", "barrier", "check_divides"]
+__all__ = [
+  "count",
+  "index",
+  "primary",
+  "share",
+  "gather_rows",
+  "gather_tree",
+  "place_like",
+  "barrier",
+  "check_divides",
+]
 
 
 def count() -> int:
@@ -64,6 +74,19 @@ def gather_tree(tree):
     return tree
   whole = multihost_utils.process_allgather(tree, tiled=True)
   return jax.device_put(whole, jax.local_devices()[0])
+
+
+def place_like(tree, like):
+  """A tree every process holds whole (host or local arrays, the same values) placed as `like`'s global arrays are
+  (each process supplies the pieces its devices hold). One process: the tree unchanged."""
+  if count() == 1:
+    return tree
+
+  def put(x, ref):
+    whole = np.asarray(x)
+    return jax.make_array_from_callback(whole.shape, ref.sharding, lambda idx: whole[idx])
+
+  return jax.tree_util.tree_map(put, tree, like)
 
 
 def barrier(name: str) -> None:

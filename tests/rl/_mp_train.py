@@ -10,8 +10,9 @@ import os
 import sys
 
 # the quickstart (INT4 QAT learner, INT4 sampler) made short: a 20-step warm-up, 2 GRPO steps of 4 prompts x G=4
-# (16 rows: 8 per process, 2 per learner device), an eval set of 15 (does not split across 2: padded), a checkpoint
-# every step, the INT4 export at the end
+# (16 rows: 8 per process, 2 per learner device), a KL penalty to the warm-up's policy (its file written by process 0,
+# placed on the global mesh by all), an eval set of 15 (does not split across 2: padded), a checkpoint every step,
+# the INT4 export at the end
 OVERRIDES = [
   "run.sft_steps=20",
   "run.steps=2",
@@ -21,6 +22,7 @@ OVERRIDES = [
   "task.eval_size=15",
   "task.format_reward=0.5",
   "learner.mesh=[8,1,1]",
+  "learner.kl_coef=0.05",
 ]
 
 
