@@ -180,18 +180,34 @@ def _generate_and_score(served, tok, val, refs_g, setup: Setup, cfg, key, pool, 
   if pad:
     tok, val = (np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in (np.asarray(tok), np.asarray(val)))
     refs_g = [*refs_g, *[refs_g[-1]] * (pad * G)]
-  mine, rows = procs.share(B + pad), procs.share((B + pad) * G)
-  keys = row_keys(key, (B + pad) * G)[rows]
+  roll, rewards, stats = _exchange(
+    _local_share(served, tok, val, refs_g, setup, cfg, key, pool, evaluation=evaluation, lora=lora, group_size=G)
+  )
+  if pad:
+    roll = jax.tree_util.tree_map(lambda x: x[: B * G], roll)
+    rewards = rewards[: B * G]
+  return roll, rewards, stats
+
+
+def _local_share(served, tok, val, refs_g, setup: Setup, cfg, key, pool, *, evaluation, lora, group_size):
+  """This process's share of the rows of `tok` x `group_size` (B divisible by the process count), generated with
+  their keys in the whole batch and scored: (rollout, rewards, [failed, timeouts]) as NumPy. No collective: it may run
+  in the sampler's thread (`run.async_rollouts`)."""
+  G = group_size
+  mine, rows = procs.share(len(tok)), procs.share(len(tok) * G)
+  keys = row_keys(key, len(tok) * G)[rows]
   roll = generate_rollout(
     served, tok[mine], val[mine], setup, cfg, keys, evaluation=evaluation, lora=lora, group_size=G
   )
   rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs_g[rows], cfg, pool)
   counts = np.asarray([int(stats["failed"]), int(stats["timeouts"])], np.int64)
-  local = (jax.tree_util.tree_map(np.asarray, roll), np.asarray(rewards, np.float32), counts)
+  return jax.tree_util.tree_map(np.asarray, roll), np.asarray(rewards, np.float32), counts
+
+
+def _exchange(local):
+  """Every process's `_local_share` exchanged (a collective: all processes call it, from their main threads):
+  (the whole rollout, rewards, reward stats summed)."""
   roll, rewards, counts = procs.gather_rows(local)
-  if pad:
-    roll = jax.tree_util.tree_map(lambda x: x[: B * G], roll)
-    rewards = rewards[: B * G]
   counts = counts.reshape(procs.count(), 2).sum(0)
   return roll, rewards, {"failed": int(counts[0]), "timeouts": int(counts[1])}
 
@@ -305,9 +321,11 @@ class _Sampled:
   end: float
 
 
-def _sample(k: int, served_lora, version: int, setup: Setup, cfg, sample_key, pool, t_start: float) -> _Sampled:
+def _sample(
+  k: int, served_lora, version: int, setup: Setup, cfg, sample_key, pool, t_start: float, local: bool = False
+) -> _Sampled:
   """Generation and rewards of RL step k on the served weights of `version` (host and sampler only: no learner
-  state, so it may run beside the learner; `run.async_rollouts`)."""
+  state, so it may run beside the learner; `run.async_rollouts`). local: `_sample_step`'s."""
   task, G = setup.task, cfg.sampler.group_size
   t0 = time.perf_counter()
   prompts, refs = task.prompts(k, cfg.run.batch_prompts)
@@ -315,9 +333,20 @@ def _sample(k: int, served_lora, version: int, setup: Setup, cfg, sample_key, po
   refs_g = [r for r in refs for _ in range(G)]
   served, lora = served_lora
   roll, rewards, rstats, gen = _sample_step(
-    k, task, setup, cfg, served, lora, tok, val, refs_g, jax.random.fold_in(sample_key, k), pool
+    k, task, setup, cfg, served, lora, tok, val, refs_g, jax.random.fold_in(sample_key, k), pool, local=local
   )
   return _Sampled(roll, rewards, rstats, gen, version, t0 - t_start, time.perf_counter() - t_start)
+
+
+def _exchanged(s: _Sampled) -> _Sampled:
+  """A step sampled as this process's share (`_sample(local=True)`) made whole: the rows exchanged (a collective, in
+  the main thread) and the record's token counts and rewards recomputed over all of them. One process: unchanged."""
+  if procs.count() == 1:
+    return s
+  roll, rewards, rstats = _exchange((s.roll, s.rewards, np.asarray([s.rstats["failed"], s.rstats["timeouts"]])))
+  lengths = np.asarray(roll.lengths)
+  gen = {**s.gen, "tokens": int(lengths.sum()), "response_len": float(lengths.mean()), "rewards": rewards}
+  return dataclasses.replace(s, roll=roll, rewards=rewards, rstats=rstats, gen=gen)
 
 
 class SamplerError(RuntimeError):
@@ -342,9 +371,9 @@ class _Rollouts:
     self._pending: dict[int, Any] = {}
     self.stale_dropped = 0  # batches dropped for staleness (this process)
 
-  def _run(self, k, served_lora, version):
+  def _run(self, k, served_lora, version, local=False):
     try:
-      return _sample(k, served_lora, version, *self._args)
+      return _sample(k, served_lora, version, *self._args, local=local)
     except Exception as e:
       raise SamplerError(
         f"the sampler failed on RL step {k} (weights version {version}): {type(e).__name__}: {e}"
@@ -358,7 +387,7 @@ class _Rollouts:
     generated again with its own weights (version k)."""
     served_lora, version = (served_now, k) if self._queue is None else self._queue.swap(served_now, k)
     fut = self._pending.pop(k, None)
-    out = fut.result() if fut is not None else self._run(k, served_lora, version)  # first step of a call: in line
+    out = _exchanged(fut.result()) if fut is not None else self._run(k, served_lora, version)  # first: in line
     if k - out.version > self._max_staleness:
       log.warning(
         "RL step %d: rollouts of weights version %d are %d steps stale (run.max_staleness = %d): dropped, "
@@ -373,7 +402,8 @@ class _Rollouts:
       out = self._run(k, served_now, k)
     if self._pool is not None and not last:
       nxt, v = self._queue.peek()  # the weights step k + 1 generates with (k + 1 − max_staleness, or the first's)
-      self._pending[k + 1] = self._pool.submit(self._run, k + 1, nxt, v)
+      # across processes the thread makes this process's share only (no collective beside the learner's)
+      self._pending[k + 1] = self._pool.submit(self._run, k + 1, nxt, v, procs.count() > 1)
     return out
 
   def wait(self) -> None:
@@ -482,9 +512,12 @@ def _abs_mean(x) -> float:
   return float(jax.jit(lambda a: jnp.abs(a).mean())(x))
 
 
-def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, step_key, pool):
+def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, step_key, pool, *, local=False):
   """The generation rounds of step k (one, or DAPO's dynamic sampling: `rl.dapo`) -> (rollout of batch_prompts
-  groups, its task rewards f32 [B·G], reward stats, generation record)."""
+  groups, its task rewards f32 [B·G], reward stats, generation record).
+
+  local: across processes, only this process's share of the rows, not exchanged (one round; the sampler's thread
+  under `run.async_rollouts`: the main thread exchanges them, `_Rollouts.get`); the record then counts this share."""
   G, B, d = cfg.sampler.group_size, cfg.run.batch_prompts, cfg.dapo
   rolls, rews, stats = [], [], {"failed": 0, "timeouts": 0}
   t_gen = t_rew = 0.0
@@ -496,7 +529,13 @@ def _sample_step(k, task, setup: Setup, cfg, served, lora, tok, val, refs_g, ste
       refs_g = [x for x in refs for _ in range(G)]
     t0 = time.perf_counter()
     key = step_key if r == 0 else jax.random.fold_in(step_key, r)
-    if procs.count() > 1:  # each process its share of the rows, then exchanged: generation and rewards in one time
+    if local:
+      roll, rewards, counts = _local_share(
+        served, tok, val, refs_g, setup, cfg, key, pool, evaluation=False, lora=lora, group_size=G
+      )
+      st = {"failed": int(counts[0]), "timeouts": int(counts[1])}
+      t_gen += time.perf_counter() - t0
+    elif procs.count() > 1:  # each process its share of the rows, then exchanged: generation and rewards in one time
       roll, rewards, st = _generate_and_score(
         served, tok, val, refs_g, setup, cfg, key, pool, evaluation=False, lora=lora, group_size=G
       )
@@ -581,7 +620,7 @@ def train(
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
     NotImplementedError: across processes (`jax.process_count()` > 1, `rl.procs`), the modes not built there yet:
-      asynchronous rollouts, a sampler mesh of its own.
+      a sampler mesh of its own, asynchronous rollouts with DAPO's dynamic sampling.
 
   Across processes every process calls `train` with the same config (`lrl-jax train` on every host, after
   `learner.initialize_distributed`); see `rl.procs` for who samples what and who writes.
@@ -792,10 +831,11 @@ def _check_processes(cfg) -> None:
   if procs.count() == 1:
     return
   where = f"process {procs.index()} of {procs.count()}"
-  if cfg.run.async_rollouts:
+  if cfg.run.async_rollouts and cfg.dapo.dynamic_sampling:
     raise NotImplementedError(
-      f"run.async_rollouts across processes is not built ({where}): the sampler thread's exchanges of rows would "
-      "interleave with the learner's collectives; run synchronously (run.off_policy keeps the one-step lag)"
+      f"run.async_rollouts with dapo.dynamic_sampling across processes is not built ({where}): each generation "
+      "round's choice needs every process's rewards, an exchange the sampler's thread cannot make beside the "
+      "learner's collectives; run one of the two"
     )
   if sampler_mesh(cfg) is not None:
     raise NotImplementedError(

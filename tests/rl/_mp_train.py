@@ -24,6 +24,8 @@ OVERRIDES = [
   "learner.mesh=[8,1,1]",
   "learner.kl_coef=0.05",
 ]
+# synchronous, and asynchronous (step k + 1 sampled in a thread, each process its share, while the learner trains)
+MODES = {"sync": [], "async": ["run.async_rollouts=true"]}
 
 
 def main(pid: int, port: int, out_dir: str, out_path: str):
@@ -35,16 +37,18 @@ def main(pid: int, port: int, out_dir: str, out_path: str):
 
   assert L.initialize_distributed(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
   assert jax.device_count() == 8 and jax.local_device_count() == 4 and jax.process_count() == 2
-  cfg = load_config("configs/quickstart.yaml", [*OVERRIDES, f"run.out_dir={out_dir}"])
-  res = train(cfg, progress=False, export=True)
-  got = {
-    "records": res.records,
-    "accuracy_before": res.accuracy_before,
-    "accuracy_after": res.accuracy_after,
-    "eval_after": res.eval_after,
-    "steps": res.steps,
-    "paths": res.paths,
-  }
+  got = {}
+  for mode, over in MODES.items():
+    cfg = load_config("configs/quickstart.yaml", [*OVERRIDES, *over, f"run.out_dir={out_dir}/{mode}"])
+    res = train(cfg, progress=False, export=True)
+    got[mode] = {
+      "records": res.records,
+      "accuracy_before": res.accuracy_before,
+      "accuracy_after": res.accuracy_after,
+      "eval_after": res.eval_after,
+      "steps": res.steps,
+      "paths": res.paths,
+    }
   with open(out_path, "w") as f:
     json.dump(got, f)
   print(f"process {pid}: done", flush=True)

@@ -33,7 +33,7 @@ def _free_port() -> int:
 @pytest.mark.multiprocess
 def test_train_across_two_processes_equals_one(tmp_path):
   from lrl_jax.config import load_config  # noqa: PLC0415
-  from lrl_jax.rl import restore_run, train  # noqa: PLC0415
+  from lrl_jax.rl import train  # noqa: PLC0415
 
   port = _free_port()
   env = dict(os.environ)
@@ -57,11 +57,16 @@ def test_train_across_two_processes_equals_one(tmp_path):
     assert p.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-3000:]}"
   got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
 
-  # the reference: this process, its 8 devices (tests/conftest.py), the same config
+  # the reference: this process, its 8 devices (tests/conftest.py), the same configs
   assert jax.device_count() == 8
-  cfg = load_config("configs/quickstart.yaml", [*_mp_train.OVERRIDES, f"run.out_dir={tmp_path / 'one'}"])
-  want = train(cfg, progress=False, export=True)
+  for mode, over in _mp_train.MODES.items():
+    cfg = load_config("configs/quickstart.yaml", [*_mp_train.OVERRIDES, *over, f"run.out_dir={tmp_path / mode}"])
+    want = train(cfg, progress=False, export=True)
+    _check_equal(mode, [g[mode] for g in got], want, run_dir / mode)
+    _check_checkpoint(cfg, run_dir / mode, tmp_path / mode)
 
+
+def _check_equal(mode, got, want, run_dir):
   # Process 0 wrote the run directory's files once; the metrics both processes returned are the ones it wrote.
   assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "summary.md").is_file()
   assert (run_dir / "eval_after.jsonl").is_file() and Path(got[0]["paths"]["export"]).is_dir()
@@ -77,6 +82,8 @@ def test_train_across_two_processes_equals_one(tmp_path):
   # summation blocks depend on its row count (8 rows per process here, 16 in one), so they differ by the f32
   # rounding of sums of K <= 128 terms of |x| < 30: <= 128 x 2^-24 x 30 ~ 2.3e-4 on a log-prob; the metrics of μ
   # (the mismatch) are compared with that atol.
+  # Asynchronous mode: the sampler thread made each process's share of step k + 1 while the learner trained on step
+  # k, exchanged when the learner asked for it: the records equal the one-process asynchronous run's alike.
   for i in range(2):
     assert got[i]["steps"] == want.steps == 2
     assert got[i]["accuracy_before"] == want.accuracy_before
@@ -88,15 +95,19 @@ def test_train_across_two_processes_equals_one(tmp_path):
         if _timed(k):
           continue
         if k.startswith("mismatch/") or k.startswith("correction/"):
-          np.testing.assert_allclose(g[k], v, rtol=0, atol=2.3e-4, err_msg=f"step {w['step']}: {k}")
+          np.testing.assert_allclose(g[k], v, rtol=0, atol=2.3e-4, err_msg=f"{mode} step {w['step']}: {k}")
         elif k in ("loss", "grad_norm", "pg_loss", "entropy", "advantage_abs_mean", "kl", "clipfrac", "update_norm"):
           # the learner's sums across the 8 devices: gloo between the processes, XLA's all-reduce within one;
           # f32 reordering, <= 7 ulps of the summed magnitudes, x5 for terms of mixed sign (test_multiprocess.py)
-          np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"step {w['step']}: {k}")
+          np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"{mode} step {w['step']}: {k}")
         elif isinstance(v, float):
-          np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"step {w['step']}: {k}")
+          np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"{mode} step {w['step']}: {k}")
         else:
-          assert g[k] == v, f"step {w['step']}: {k}"
+          assert g[k] == v, f"{mode} step {w['step']}: {k}"
+
+
+def _check_checkpoint(cfg, run_dir, one_dir):
+  from lrl_jax.rl import restore_run  # noqa: PLC0415
 
   # The checkpoint both processes wrote restores in one process, and holds what one process trains: Adam's
   # updates are ~lr * sign(g) per element, and an element whose 8 partial gradients cancel to |g| ~ eps can move by
@@ -104,7 +115,7 @@ def test_train_across_two_processes_equals_one(tmp_path):
   # steps, all but 0.1% within lr x 1e-3.
   lr = cfg.learner.lr
   _, two = restore_run(cfg, out_dir=str(run_dir))
-  _, one = restore_run(cfg, out_dir=str(tmp_path / "one"))
+  _, one = restore_run(cfg, out_dir=str(one_dir))
   assert int(two.step) == int(one.step) == 2
   for a, b in zip(jax.tree_util.tree_leaves(two.params), jax.tree_util.tree_leaves(one.params), strict=True):
     a, b = np.asarray(a), np.asarray(b)

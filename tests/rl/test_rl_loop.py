@@ -497,7 +497,10 @@ def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
 @pytest.mark.parametrize(
   "over, match",
   [
-    (["run.async_rollouts=true"], "run.async_rollouts across processes is not built \\(process 1 of 2\\)"),
+    (
+      ["run.async_rollouts=true", "dapo.dynamic_sampling=true"],
+      "run.async_rollouts with dapo.dynamic_sampling across processes is not built \\(process 1 of 2\\)",
+    ),
     (["learner.mesh=[1,1,1]"], r"learner.mesh=\(1, 1, 1\) must span all 8 devices of the 2 processes"),
     (["run.batch_prompts=3"], "run.batch_prompts = 3 does not split across 2 processes"),
   ],
