@@ -180,9 +180,13 @@ def _generate_and_score(served, tok, val, refs_g, setup: Setup, cfg, key, pool, 
   if pad:
     tok, val = (np.concatenate([x, np.repeat(x[-1:], pad, axis=0)]) for x in (np.asarray(tok), np.asarray(val)))
     refs_g = [*refs_g, *[refs_g[-1]] * (pad * G)]
-  roll, rewards, stats = _exchange(
-    _local_share(served, tok, val, refs_g, setup, cfg, key, pool, evaluation=evaluation, lora=lora, group_size=G)
-  )
+  try:
+    local = _local_share(
+      served, tok, val, refs_g, setup, cfg, key, pool, evaluation=evaluation, lora=lora, group_size=G
+    )
+  except Exception as e:  # still exchanged: the other processes must not wait for these rows forever
+    local = e
+  roll, rewards, stats = _exchange(local)
   if pad:
     roll = jax.tree_util.tree_map(lambda x: x[: B * G], roll)
     rewards = rewards[: B * G]
@@ -206,7 +210,18 @@ def _local_share(served, tok, val, refs_g, setup: Setup, cfg, key, pool, *, eval
 
 def _exchange(local):
   """Every process's `_local_share` exchanged (a collective: all processes call it, from their main threads):
-  (the whole rollout, rewards, reward stats summed)."""
+  (the whole rollout, rewards, reward stats summed). `local` may be the exception this process's share raised:
+  the processes first exchange whether each succeeded, and if one did not, every process raises (that one its own
+  error, the others one naming it) instead of waiting for rows that will not come."""
+  failed = isinstance(local, BaseException)
+  flags = procs.gather_rows(np.asarray([failed], np.int32))
+  if flags.any():
+    if failed:
+      raise local
+    raise RuntimeError(
+      f"the sampler of process {np.nonzero(flags)[0].tolist()} failed (its error is in its own log); process "
+      f"{procs.index()} stops with it"
+    )
   roll, rewards, counts = procs.gather_rows(local)
   counts = counts.reshape(procs.count(), 2).sum(0)
   return roll, rewards, {"failed": int(counts[0]), "timeouts": int(counts[1])}
@@ -338,9 +353,14 @@ def _sample(
   return _Sampled(roll, rewards, rstats, gen, version, t0 - t_start, time.perf_counter() - t_start)
 
 
-def _exchanged(s: _Sampled) -> _Sampled:
-  """A step sampled as this process's share (`_sample(local=True)`) made whole: the rows exchanged (a collective, in
-  the main thread) and the record's token counts and rewards recomputed over all of them. One process: unchanged."""
+def _exchanged(s) -> _Sampled:
+  """A step sampled as this process's share (`_sample(local=True)`, or the exception it raised) made whole: the rows
+  exchanged (a collective, in the main thread; a failure anywhere raises everywhere, `_exchange`) and the record's
+  token counts and rewards recomputed over all of them. One process: unchanged (an exception raised)."""
+  if isinstance(s, BaseException):
+    if procs.count() == 1:
+      raise s
+    _exchange(s)  # raises, on every process
   if procs.count() == 1:
     return s
   roll, rewards, rstats = _exchange((s.roll, s.rewards, np.asarray([s.rstats["failed"], s.rstats["timeouts"]])))
@@ -387,7 +407,7 @@ class _Rollouts:
     generated again with its own weights (version k)."""
     served_lora, version = (served_now, k) if self._queue is None else self._queue.swap(served_now, k)
     fut = self._pending.pop(k, None)
-    out = _exchanged(fut.result()) if fut is not None else self._run(k, served_lora, version)  # first: in line
+    out = self._collect(k, fut) if fut is not None else self._run(k, served_lora, version)  # first: in line
     if k - out.version > self._max_staleness:
       log.warning(
         "RL step %d: rollouts of weights version %d are %d steps stale (run.max_staleness = %d): dropped, "
@@ -405,6 +425,21 @@ class _Rollouts:
       # across processes the thread makes this process's share only (no collective beside the learner's)
       self._pending[k + 1] = self._pool.submit(self._run, k + 1, nxt, v, procs.count() > 1)
     return out
+
+  @staticmethod
+  def _collect(k: int, fut) -> _Sampled:
+    """The thread's rollouts of step k, exchanged across processes (`_exchanged`): a failure on any process's
+    sampler side raises a `SamplerError` naming the step on every process."""
+    try:
+      s = fut.result()
+    except SamplerError as e:
+      s = e
+    try:
+      return _exchanged(s)
+    except SamplerError:
+      raise
+    except Exception as e:
+      raise SamplerError(f"the sampler failed on RL step {k}: {type(e).__name__}: {e}") from e
 
   def wait(self) -> None:
     """Blocks until the step generating in the background (if any) is done (before the main thread evaluates:

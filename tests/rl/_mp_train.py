@@ -49,9 +49,41 @@ def main(pid: int, port: int, out_dir: str, out_path: str):
       "steps": res.steps,
       "paths": res.paths,
     }
+  got["fault"] = _fault(out_dir)
   with open(out_path, "w") as f:
     json.dump(got, f)
   print(f"process {pid}: done", flush=True)
+
+
+def _fault(out_dir: str) -> dict:
+  """The synchronous run again, with process 1's sampler raising on RL step 1 (its share of the rows): both processes
+  must stop with a `SamplerError` (none waiting forever for the other's rows), the checkpoint of step 1 intact; then
+  `resume=True` in both finishes the run."""
+  import jax  # noqa: PLC0415
+
+  from lrl_jax.config import load_config  # noqa: PLC0415
+  from lrl_jax.rl import SamplerError, loop, train  # noqa: PLC0415
+
+  cfg = load_config("configs/quickstart.yaml", [*OVERRIDES, f"run.out_dir={out_dir}/fault"])
+  share, calls = loop._local_share, []
+
+  def failing(*args, evaluation, **kw):
+    if not evaluation:
+      calls.append(1)
+      if len(calls) == 2 and jax.process_index() == 1:  # RL step 1 (step 0 was the first)
+        raise RuntimeError("injected sampler failure")
+    return share(*args, evaluation=evaluation, **kw)
+
+  loop._local_share = failing
+  try:
+    train(cfg, progress=False, export=False)
+    error = None
+  except SamplerError as e:
+    error = str(e)
+  finally:
+    loop._local_share = share
+  res = train(cfg, resume=True, progress=False, export=False)
+  return {"error": error, "records": res.records, "accuracy_after": res.accuracy_after, "steps": res.steps}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """`rl.train` across 2 processes on localhost (`jax.distributed` over 127.0.0.1, 4 simulated CPU devices each) gives
 the run one process with 8 devices gives: the same rollouts and rewards, the same evaluations, the learner's numbers
 within the reordering of its cross-device sums; process 0 alone writes the run directory, and the orbax checkpoint
-both wrote restores in one process (`_mp_train.py` runs the processes' side)."""
+both wrote restores in one process; synchronous and asynchronous; a sampler failing in one process stops both, and
+both resume (`_mp_train.py` runs the processes' side)."""
 
 import json
 import os
@@ -64,6 +65,18 @@ def test_train_across_two_processes_equals_one(tmp_path):
     want = train(cfg, progress=False, export=True)
     _check_equal(mode, [g[mode] for g in got], want, run_dir / mode)
     _check_checkpoint(cfg, run_dir / mode, tmp_path / mode)
+
+  # A sampler failing on one process (process 1, RL step 1): both processes stop with a SamplerError naming the step
+  # (process 0's names process 1), and `resume=True` in both continues from the step-1 checkpoint to the records the
+  # uninterrupted synchronous run made, bit for bit (the same processes, the same numbers).
+  untimed = lambda r: {k: v for k, v in r.items() if not _timed(k)}  # noqa: E731
+  for i in range(2):
+    f = got[i]["fault"]
+    assert f["error"] is not None and "RL step 1" in f["error"], f["error"]
+    assert ("injected sampler failure" if i == 1 else "the sampler of process [1] failed") in f["error"]
+    assert f["steps"] == 2 and len(f["records"]) == 1
+    assert untimed(f["records"][0]) == untimed(got[i]["sync"]["records"][1])
+    assert f["accuracy_after"] == got[i]["sync"]["accuracy_after"]
 
 
 def _check_equal(mode, got, want, run_dir):
