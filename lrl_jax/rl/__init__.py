@@ -2,7 +2,8 @@
 
 `train(cfg)` runs a whole job from a `lrl_jax.config.Config` (warm-up, RL steps, evaluation,
 checkpoints, plots, summary, export); `sync(params, cfg)` is the per-step weight sync to the
-low-bit sampler; `RolloutBuffer` holds the step's `Rollout` on device and hands out minibatch rows.
+low-bit sampler; `RolloutBuffer` holds the step's `Rollout` on device and hands out minibatch rows. Across
+JAX processes every process runs `train` with the same config (`rl.procs`).
 """
 
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer, minibatch_rows
