@@ -227,7 +227,7 @@ def test_rollouts_staler_than_max_staleness_are_dropped_counted_and_regenerated(
 
   calls = []
 
-  def fake_sample(k, served, version, *args):
+  def fake_sample(k, served, version, *args, **kw):
     calls.append((k, served, version))
     return loop._Sampled(roll=served, rewards=None, rstats={}, gen={}, version=version, start=0.0, end=0.0)
 

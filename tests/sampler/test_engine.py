@@ -112,6 +112,7 @@ def test_every_request_is_the_same_whatever_its_company(params, static_sampled):
   _assert_same_requests(alone, want, err[2:4], slice(2, 4))
 
 
+@pytest.mark.slow  # 50 s on 2 cores; the engine's logic is the float tests' above, INT4 serving test_predecode's
 def test_int4_served_engine_rollouts_equal_the_static_batch_and_the_learner_scores_them(params):
   """Greedy decoding on served INT4 weights through 4 slots == the static batch; π of the served tree (the
   learner's numbers on the weights it syncs) on the engine rollout equals its μ within the same bound (a full
