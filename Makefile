@@ -40,7 +40,7 @@ demo: $(STAMP)  ## the main job on the embedded default: the quickstart RL run
 	$(BIN)/lrl-jax demo
 
 test: lint  ## the linter, then the default suite (< 15 min on 2 CPU cores)
-	$(PYTEST) -m "not slow and not ref and not device and not aot and not multiprocess"
+	$(PYTEST) --durations=15 -m "not slow and not ref and not device and not aot and not multiprocess"
 
 test-multiprocess: $(STAMP)  ## jax.distributed across processes on 127.0.0.1 (each test starts its own; no xdist)
 	$(BIN)/python -m pytest -q -m multiprocess
