@@ -137,7 +137,6 @@ def evaluate(
   sets = setup.task.eval_sets(n) if transfer else {"": setup.task.prompts(0, n, split="eval")}
   out: dict[str, float] = {}
   for name, (prompts, refs) in sets.items():
-    refs = list(refs)
     tok, val = encode_prompt_batch(setup.task, prompts)
     roll, rewards, stats = _generate_and_score(
       served, tok, val, refs, setup, cfg, jax.random.PRNGKey(seed), pool, evaluation=True, lora=lora
@@ -174,7 +173,7 @@ def _generate_and_score(served, tok, val, refs_g, setup: Setup, cfg, key, pool, 
   if procs.count() == 1:
     roll = generate_rollout(served, tok, val, setup, cfg, key, evaluation=evaluation, lora=lora, group_size=group_size)
     rewards, stats = score_rollout(setup.task, roll, tok.shape[1], refs_g, cfg, pool)
-    return roll, np.asarray(rewards, np.float32), stats
+    return roll, rewards, stats
   B, G = len(tok), group_size
   pad = -B % procs.count()
   if pad:
