@@ -133,7 +133,7 @@ def render(runs: dict, args, wall: float, cfg) -> str:
     "",
     f"Made by `python scripts/dapo_results.py {flags}` "
     f"on {datetime.date.today().isoformat()}, {platform.machine()} CPU, {os.cpu_count()} cores "
-    f"({wall / 60:.0f} min of runs). Both arms: `{args.config}` ({describe(cfg)}); `on` sets "
+    f"({wall / 60:.0f} min of runs, summed). Both arms: `{args.config}` ({describe(cfg)}); `on` sets "
     f"`dapo.dynamic_sampling=true` (at most {cfg.dapo.max_rounds} generation rounds a step). Seeds "
     f"{seeds}, the same in both arms. Accuracy: greedy, {cfg.task.eval_size} held-out sums, on the served "
     "weights.",
@@ -221,7 +221,6 @@ def main(argv=None) -> int:
   # the runs differ in seed and one flag: a persistent compilation cache lets later runs reuse the first's executables
   jax.config.update("jax_compilation_cache_dir", str(Path(args.root) / "jax_cache"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-  t0 = time.perf_counter()
   runs: dict = {arm: {} for arm in ARMS}
   for seed in range(args.seeds):
     for arm in ARMS:
@@ -233,7 +232,9 @@ def main(argv=None) -> int:
         f"{r['tokens'] / 1e6:.3f} M tokens ({time.perf_counter() - t:.0f} s)",
         flush=True,
       )
-  text = render(runs, args, time.perf_counter() - t0, cfg)
+  # the runs' own wall time, summed (a --reuse render takes none of its own)
+  wall = sum(r["wall_s"] for arm in runs.values() for r in arm.values() if np.isfinite(r["wall_s"]))
+  text = render(runs, args, wall, cfg)
   out = Path(args.out)
   plot(runs, out.parent / "figures" / figure(args.out))
   out.write_text(text)
