@@ -4,8 +4,6 @@ the global masters, each process sampling and scoring its own prompts, the learn
 numbers as one process with 8 devices (`_mp_child.py` runs the processes' side)."""
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,38 +12,23 @@ import numpy as np
 import pytest
 
 from lrl_jax import learner as L
+from tests._mp_launch import run_processes
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _mp_child  # noqa: E402
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.multiprocess
 def test_two_processes_train_and_checkpoint_like_one(tmp_path):
-  port = _free_port()
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  # Each child's output goes to a file: with pipes, waiting on one child while the other fills its pipe (gloo logs
-  # every connection) blocks that one, and the first then waits forever in a collective.
-  logs = [tmp_path / f"{i}.log" for i in range(2)]
-  procs = []
-  for i in range(2):
-    argv = [str(HERE / "_mp_child.py"), str(i), str(port), str(tmp_path / "ckpt"), str(tmp_path / f"{i}.npz")]
-    with open(logs[i], "w") as f:
-      procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=f, stderr=subprocess.STDOUT))
-  try:
-    for p in procs:
-      p.wait(timeout=300)
-  finally:
-    for p in procs:
-      p.kill()
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-3000:]}"
+  run_processes(
+    HERE / "_mp_child.py",
+    lambda i, port: [i, port, tmp_path / "ckpt", tmp_path / f"{i}.npz"],
+    tmp_path,
+    env=env,
+    timeout=300,
+  )
   got = [dict(np.load(tmp_path / f"{i}.npz")) for i in range(2)]
 
   # the reference: one process, its 8 devices (tests/conftest.py), the batch placed whole

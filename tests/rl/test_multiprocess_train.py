@@ -6,14 +6,14 @@ both resume (`_mp_train.py` runs the processes' side)."""
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+
+from tests._mp_launch import run_processes
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -25,37 +25,19 @@ def _timed(key: str) -> bool:
   return key.startswith("time/") or key == "tokens_per_s"
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.multiprocess
 def test_train_across_two_processes_equals_one(tmp_path):
   from lrl_jax.config import load_config  # noqa: PLC0415
   from lrl_jax.rl import train  # noqa: PLC0415
 
-  port = _free_port()
   env = dict(os.environ)
   # the children compile as this process does (tests/conftest.py's flags: LLVM -O0 changes the CPU code, and so
   # the last bits), with 4 devices each
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("device_count=8", "device_count=4")
   run_dir = tmp_path / "two"
-  logs = [tmp_path / f"{i}.log" for i in range(2)]  # files, not pipes: a full pipe would stall a collective
-  procs = []
-  for i in range(2):
-    argv = [str(HERE / "_mp_train.py"), str(i), str(port), str(run_dir), str(tmp_path / f"{i}.json")]
-    with open(logs[i], "w") as f:
-      procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=f, stderr=subprocess.STDOUT))
-  try:
-    for p in procs:
-      p.wait(timeout=600)
-  finally:
-    for p in procs:
-      p.kill()
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} failed:\n{logs[i].read_text()[-3000:]}"
+  run_processes(
+    HERE / "_mp_train.py", lambda i, port: [i, port, run_dir, tmp_path / f"{i}.json"], tmp_path, env=env, timeout=600
+  )
   got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
 
   # the reference: this process, its 8 devices (tests/conftest.py), the same configs
