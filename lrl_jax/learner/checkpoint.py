@@ -37,6 +37,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from lrl_jax.learner.state import TrainState
@@ -98,10 +99,21 @@ class Checkpointer:
       always saves; call it at the end of a run).
     max_to_keep: keep only the newest this many checkpoints (None: all).
     async_save: write in a background thread (call `wait()` before exiting); default off.
+    processes: across processes, the ones whose devices hold the state (None: all): only they save and restore,
+      and wait for each other (e.g. the learner's process of a run whose sampler has a process of its own,
+      `rl.roles`); the first of them writes the checksums. A state that one process of several holds is saved as
+      host (NumPy) arrays and placed back on the target's shardings at restore: orbax serializes only global arrays
+      across processes (it refuses one process's arrays as "host local").
   """
 
   def __init__(
-    self, directory: str | os.PathLike, *, save_every: int = 100, max_to_keep: int | None = 3, async_save: bool = False
+    self,
+    directory: str | os.PathLike,
+    *,
+    save_every: int = 100,
+    max_to_keep: int | None = 3,
+    async_save: bool = False,
+    processes: set[int] | None = None,
   ):
     if not isinstance(save_every, int) or save_every < 1:
       raise ValueError(f"Checkpointer.save_every must be a positive int; got {save_every!r}")
@@ -110,12 +122,23 @@ class Checkpointer:
     self.directory = os.path.abspath(os.fspath(directory))
     self.save_every = save_every
     # The interval is decided here (step % save_every == 0); orbax's own would also save the first step.
+    self._writer = 0 if processes is None else min(processes)
+    self._host = processes is not None and len(processes) == 1 and jax.process_count() > 1
+    multi = ocp.options.MultiprocessingOptions(
+      primary_host=self._writer, active_processes=None if processes is None else set(processes)
+    )
     options = ocp.CheckpointManagerOptions(
-      save_interval_steps=1, max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+      save_interval_steps=1,
+      max_to_keep=max_to_keep,
+      enable_async_checkpointing=async_save,
+      create=processes is None,  # orbax creates it only when every process takes part: else made below
+      multiprocessing_options=multi,
     )
     for tmp in Path(self.directory).glob("*.orbax-checkpoint-tmp-*"):  # a save killed half-way
       log.warning("removing %s: the unfinished save of a killed run", tmp)
       shutil.rmtree(tmp, ignore_errors=True)
+    if processes is not None:
+      Path(self.directory).mkdir(parents=True, exist_ok=True)
     self._mngr = ocp.CheckpointManager(self.directory, options=options)
     self._async = async_save
     self._unsummed: list[int] = []
@@ -136,7 +159,8 @@ class Checkpointer:
         f"refusing to checkpoint step {step}: {len(bad)} parameter leaves are not finite ({', '.join(bad[:3])}"
         f"{', ...' if len(bad) > 3 else ''}); the checkpoints in {self.directory} are left as they were"
       )
-    saved = bool(self._mngr.save(step, args=ocp.args.StandardSave(state), force=True))
+    item = jax.device_get(state) if self._host else state
+    saved = bool(self._mngr.save(step, args=ocp.args.StandardSave(item), force=True))
     if saved:
       self._unsummed.append(step)
       if not self._async:  # a synchronous save is on disk now
@@ -145,8 +169,9 @@ class Checkpointer:
 
   def _write_sums(self) -> None:
     # One writer: with several processes every one saves its shards, but the sums of the finished directory are
-    # process 0's to write (two processes renaming the same temporary file race; seen in the 2-process test).
-    if jax.process_index() != 0:
+    # process 0's (or the first of `processes`) to write (two processes renaming the same temporary file race; seen in
+    # the 2-process test).
+    if jax.process_index() != self._writer:
       self._unsummed = []
       return
     for step in self._unsummed:
@@ -202,7 +227,14 @@ class Checkpointer:
     why = self.verify(step)
     if why is not None:
       raise CheckpointError(f"checkpoint {self.directory}/{step} is damaged: {why}")
-    return self._mngr.restore(step, args=ocp.args.StandardRestore(abstract_state(target)))
+    return self._restore(step, abstract_state(target))
+
+  def _restore(self, step: int, tgt):
+    if not self._host:
+      return self._mngr.restore(step, args=ocp.args.StandardRestore(tgt))
+    host = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), tgt)
+    got = self._mngr.restore(step, args=ocp.args.StandardRestore(host))
+    return jax.tree_util.tree_map(lambda x, t: jax.device_put(x, t.sharding), got, tgt)
 
   def restore_latest(self, target: Any, shardings=None) -> TrainState | None:
     """The newest complete checkpoint restored into `target`'s structure, or None if there is none.
@@ -220,7 +252,7 @@ class Checkpointer:
       why = self.verify(step)
       if why is None:
         try:
-          return self._mngr.restore(step, args=ocp.args.StandardRestore(tgt))
+          return self._restore(step, tgt)
         except Exception as e:  # orbax raises ValueError / OSError / tensorstore errors on damaged or mismatched files
           why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
       tried.append(f"step {step}: {why}")

@@ -48,13 +48,21 @@ from tqdm.auto import tqdm
 
 from lrl_jax import learner as L
 from lrl_jax import models
-from lrl_jax.rl import dapo, procs
+from lrl_jax.rl import dapo, procs, roles
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
 from lrl_jax.rl.recover import recover
 from lrl_jax.rl.rollouts import encode_prompt_batch, generate_rollout, score_rollout
 from lrl_jax.rl.rundir import check_run_dir, clear_run, load_tree, save_tree, write_config
-from lrl_jax.rl.setup import Setup, build_model, learner_mesh, misaligned_kernels, new_state, sampler_mesh
+from lrl_jax.rl.setup import (
+  Setup,
+  build_model,
+  learner_mesh,
+  mesh_devices,
+  misaligned_kernels,
+  new_state,
+  sampler_mesh,
+)
 from lrl_jax.rl.sync import merge_lora, sync
 from lrl_jax.rl.warmup import supervised_warmup
 from lrl_jax.sampler import row_keys
@@ -440,6 +448,12 @@ class _Rollouts:
     except Exception as e:
       raise SamplerError(f"the sampler failed on RL step {k}: {type(e).__name__}: {e}") from e
 
+  def evaluate(self, served_lora, *, transfer: bool = False, problems: list | None = None) -> dict:
+    """`evaluate` of the served (weights, adapters) on the sampler's devices (after the step in the background)."""
+    self.wait()
+    setup, cfg, _, pool, _ = self._args
+    return evaluate(served_lora[0], setup, cfg, lora=served_lora[1], transfer=transfer, problems=problems, pool=pool)
+
   def wait(self) -> None:
     """Blocks until the step generating in the background (if any) is done (before the main thread evaluates:
     the two would share the reward workers and the sampler's devices)."""
@@ -654,18 +668,44 @@ def train(
     learner.NonFiniteError: `run.max_nonfinite_steps` consecutive non-finite learner steps (the last
       complete checkpoint is left intact; metrics up to the failure are written).
     NotImplementedError: across processes (`jax.process_count()` > 1, `rl.procs`), the modes not built there yet:
-      a sampler mesh of its own, asynchronous rollouts with DAPO's dynamic sampling.
+      a colocated sampler mesh of its own, asynchronous rollouts with DAPO's dynamic sampling, a disaggregated
+      placement other than one process per role (`rl.roles`).
 
   Across processes every process calls `train` with the same config (`lrl-jax train` on every host, after
-  `learner.initialize_distributed`); see `rl.procs` for who samples what and who writes.
+  `learner.initialize_distributed`); see `rl.procs` for who samples what and who writes. A disaggregated run whose
+  learner and sampler meshes lie in one process each runs them as two roles instead (`rl.roles`); the sampler's
+  process returns the learner's result.
   """
-  _check_processes(cfg)
+  role = roles.role_of(cfg, *mesh_devices(cfg))
+  kw = dict(resume=resume, overwrite=overwrite, progress=progress, export=export, task=task, _fail_after=_fail_after)
+  if role is None:
+    _check_processes(cfg)
+    return _train(cfg, **kw)
+  link = roles.Link(role=role)
+  if role == "sampler":
+    with procs.solo(writer=False):
+      return roles.serve(cfg, link, task=task)
+  with procs.solo(writer=True):
+    remote = roles.Remote(link)
+    try:
+      result = _train(cfg, **kw, remote=remote)
+    except BaseException as e:
+      remote.stop(error=e)
+      raise
+    remote.stop(result=result)
+    return result
+
+
+def _train(cfg, *, resume, overwrite, progress, export, task, _fail_after, remote: roles.Remote | None = None):
+  """`train` in one process, or in the learner's process of a run whose sampler has its own (`remote`)."""
   t_start = t_call = time.perf_counter()
   out = Path(cfg.run.out_dir)
   changes = check_run_dir(cfg, resume=resume, overwrite=overwrite)  # reads only: refuses before anything is written
   procs.barrier("lrl_jax: run directory checked")  # before process 0 clears it
   K = cfg.learner.minibatches
   mesh, smesh = learner_mesh(cfg), sampler_mesh(cfg)
+  if remote is not None:
+    smesh = None  # the sampler's devices are its own process's: the learner's side quantizes where the masters are
   setup = build_model(cfg, task=task)
   slow = misaligned_kernels(setup.params, setup.sync.rules, mesh) if setup.params is not None else []
   if slow:
@@ -678,13 +718,19 @@ def train(
       slow[0],
     )
   out.mkdir(parents=True, exist_ok=True)
-  pool = RewardPool.for_task(setup.task, workers=cfg.task.reward_workers) if cfg.task.reward_workers else None
+  pool = None  # the reward workers, where the rewards are computed (not in the learner's process of `rl.roles`)
+  if cfg.task.reward_workers and remote is None:
+    pool = RewardPool.for_task(setup.task, workers=cfg.task.reward_workers)
   if not resume and procs.primary():
     # A fresh run owns its directory: stale checkpoints would otherwise shadow this run's (same step numbers)
     # and a later --resume would pick them up. check_run_dir let it through: empty, or overwrite=True.
     clear_run(out)
   procs.barrier("lrl_jax: run directory cleared")
-  ckpt = L.Checkpointer(out / "checkpoints", save_every=max(cfg.run.ckpt_every, 1) * K)
+  ckpt = L.Checkpointer(
+    out / "checkpoints",
+    save_every=max(cfg.run.ckpt_every, 1) * K,
+    processes=None if remote is None else {jax.process_index()},  # the sampler's process holds none of the state
+  )
   guard = L.NonFiniteGuard(max_in_row=cfg.run.max_nonfinite_steps)
 
   state = None
@@ -749,13 +795,15 @@ def train(
         queue.restore(list(zip(kept, versions, strict=True)))
       else:
         log.warning("%s is missing (a checkpoint of an older version): RL step %d generates on-policy", held, start)
-    rollouts = _Rollouts(
-      setup, cfg, queue=queue, sample_key=sample_key, pool=pool, t_start=t_start, asynchronous=cfg.run.async_rollouts
-    )
+    if remote is not None:
+      rollouts = remote.begin(start, t_start, queue=queue, timings=timings)
+    else:
+      rollouts = _Rollouts(
+        setup, cfg, queue=queue, sample_key=sample_key, pool=pool, t_start=t_start, asynchronous=cfg.run.async_rollouts
+      )
     if not pre:
-      served, lora = served_weights(state, setup, timings, mesh=smesh)
       rows: list = []
-      ev = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
+      ev = rollouts.evaluate(served_weights(state, setup, timings, mesh=smesh), transfer=True, problems=rows)
       _write_problems(out / "eval_before.jsonl", rows)
       pre = {"accuracy_before": ev["eval_accuracy"], **ev}
       if procs.primary():
@@ -775,8 +823,7 @@ def train(
       state = _maybe_restart_learned_scales(state, cfg.learner, k)
       served_lora = served_weights(state, setup, timings, mesh=smesh)
       if k > 0 and cfg.run.eval_every and k % cfg.run.eval_every == 0:
-        rollouts.wait()
-        ev = evaluate(served_lora[0], setup, cfg, lora=served_lora[1], pool=pool)
+        ev = rollouts.evaluate(served_lora)
         logger.log(k, {**ev, **_elapsed(t_start)}, phase="eval")
       sampled = rollouts.get(k, served_lora, last=k + 1 == cfg.run.steps)
       state, rec = _rl_step(
@@ -809,9 +856,8 @@ def train(
     steps_done = int(jax.device_get(state.step)) // K
     _save_checkpoint(ckpt, state, queue, out, K)
     ckpt.wait()
-    served, lora = served_weights(state, setup, timings, mesh=smesh)
     rows = []
-    final = evaluate(served, setup, cfg, lora=lora, transfer=True, problems=rows, pool=pool)
+    final = rollouts.evaluate(served_weights(state, setup, timings, mesh=smesh), transfer=True, problems=rows)
     _write_problems(out / "eval_after.jsonl", rows)
     logger.log(steps_done, {**final, **_elapsed(t_start)}, phase="eval")
   finally:
@@ -873,8 +919,9 @@ def _check_processes(cfg) -> None:
     )
   if sampler_mesh(cfg) is not None:
     raise NotImplementedError(
-      f"a sampler mesh of its own (run.placement / sampler.mesh) across processes is not built ({where}): each "
-      "process samples on its first device"
+      f"a colocated sampler mesh of its own (sampler.mesh) across processes is not built ({where}): each process "
+      "samples on its first device; or run.placement=disaggregated with the learner's mesh in one process and the "
+      "sampler's in the other (rl.roles)"
     )
   mesh = learner_mesh(cfg)
   if mesh is None or mesh.devices.size != jax.device_count():

@@ -9,10 +9,13 @@ on the host, computes the same records from it, and places it on the learner's m
 Process 0 alone writes the run directory's files; the checkpoints are orbax's, written by all. The run directory
 must be one that every process sees (a shared file system: orbax's checkpoints need one too).
 
-With one process every function here is the identity (or "all rows"): a single-process run is unchanged.
+With one process every function here is the identity (or "all rows"): a single-process run is unchanged, and so is
+a process that runs one role of a run alone (`solo`: the learner or the sampler of `rl.roles`).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import numpy as np
@@ -28,20 +31,36 @@ __all__ = [
   "place_like",
   "barrier",
   "check_divides",
+  "solo",
 ]
+
+_SOLO: bool | None = None  # inside `solo`: whether this process writes the run's files
+
+
+@contextlib.contextmanager
+def solo(*, writer: bool):
+  """Within: this process acts as the only one (`count()` 1, `index()` 0, no collectives here), and writes the run's
+  files iff `writer`. For a process that runs one role of a run on its own devices (`rl.roles`: the learner, or the
+  sampler), meeting the other only through the role's own messages."""
+  global _SOLO
+  before, _SOLO = _SOLO, writer
+  try:
+    yield
+  finally:
+    _SOLO = before
 
 
 def count() -> int:
-  return jax.process_count()
+  return 1 if _SOLO is not None else jax.process_count()
 
 
 def index() -> int:
-  return jax.process_index()
+  return 0 if _SOLO is not None else jax.process_index()
 
 
 def primary() -> bool:
-  """Whether this process writes the run's files (process 0)."""
-  return jax.process_index() == 0
+  """Whether this process writes the run's files (process 0; within `solo`, the one it names)."""
+  return _SOLO if _SOLO is not None else jax.process_index() == 0
 
 
 def check_divides(n: int, what: str) -> None:

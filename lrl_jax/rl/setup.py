@@ -24,6 +24,7 @@ from lrl_jax.tasks import Task, task_from_config
 
 __all__ = [
   "Setup",
+  "mesh_devices",
   "build_model",
   "new_state",
   "learner_mesh",
@@ -150,6 +151,13 @@ def learner_mesh(cfg):
   if math.prod(sizes) == 1:
     return None
   return L.make_mesh(data=sizes[0], fsdp=sizes[1], tensor=sizes[2], devices=devs[: math.prod(sizes)])
+
+
+def mesh_devices(cfg) -> tuple[list, list | None]:
+  """(the learner's devices, the sampler's mesh's devices or None): who computes what."""
+  lm, sm = learner_mesh(cfg), sampler_mesh(cfg)
+  learner = list(lm.devices.flat) if lm is not None else _device_split(cfg)[0][:1]
+  return learner, None if sm is None else list(sm.devices.flat)
 
 
 def sampler_mesh(cfg):

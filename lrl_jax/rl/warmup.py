@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from lrl_jax import learner as L
 from lrl_jax import quant
 from lrl_jax.rl import metrics as M
+from lrl_jax.rl import procs
 from lrl_jax.rl.rundir import load_tree, save_tree
 from lrl_jax.rollout import Rollout
 
@@ -153,7 +154,7 @@ def supervised_warmup(cfg, setup, params, *, logger: M.MetricsLogger | None = No
       print(f"warm-up: read from {cached} (run.warmup_cache)", flush=True)
       return load_tree(cached, like)
   params = _train_warmup(cfg, setup, params, logger=logger, progress=progress)
-  if cached is not None and jax.process_index() == 0:  # across processes each trains the same warm-up; one writes
+  if cached is not None and procs.primary():  # across processes each trains the same warm-up; one writes
     cached.parent.mkdir(parents=True, exist_ok=True)
     save_tree(cached, params)
   return params

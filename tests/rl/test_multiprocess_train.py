@@ -116,3 +116,82 @@ def _check_checkpoint(cfg, run_dir, one_dir):
     a, b = np.asarray(a), np.asarray(b)
     np.testing.assert_allclose(a, b, rtol=0, atol=4 * lr)
     assert np.mean(np.abs(a - b) > lr * 1e-3) <= 1e-3
+
+
+@pytest.mark.multiprocess
+def test_learner_and_sampler_in_two_processes_equal_one(tmp_path):
+  """A disaggregated run whose learner mesh is process 0's devices and whose sampler mesh is process 1's (`rl.roles`):
+  each process takes one role and they exchange the served INT4 weights and the rollouts (`_mp_roles.py`). The same
+  config in this one process (8 devices: the learner on the first 4, the sampler on the last 4) does the same work on
+  the same device counts, synchronous and asynchronous. What the sampler computes is equal bit for bit (tokens,
+  rewards, μ, evaluations: the weights arrive bit for bit); the learner's sums over its 4 devices are made by the
+  multi-process runtime's collectives in the 2-process run and by XLA's in-process all-reduce here, so its floats
+  agree to the reordering of f32 sums (rtol 4e-6: <= 7 ulps of the summed magnitudes, x5 for terms of mixed sign, as
+  `_check_equal`), and so does the checkpoint, which the learner's process alone wrote (`_check_checkpoint`)."""
+  import _mp_roles  # noqa: PLC0415
+
+  from lrl_jax.config import load_config  # noqa: PLC0415
+  from lrl_jax.rl import train  # noqa: PLC0415
+
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("device_count=8", "device_count=4")
+  run_dir = tmp_path / "two"
+  run_processes(
+    HERE / "_mp_roles.py", lambda i, port: [i, port, run_dir, tmp_path / f"{i}.json"], tmp_path, env=env, timeout=600
+  )
+  got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+  untimed = lambda recs: [{k: v for k, v in r.items() if not _timed(k)} for r in recs]  # noqa: E731
+
+  assert jax.device_count() == 8
+  for mode, over in _mp_roles.MODES.items():
+    cfg = load_config("configs/quickstart.yaml", [*_mp_roles.OVERRIDES, *over, f"run.out_dir={tmp_path / mode}"])
+    want = train(cfg, progress=False, export=True)
+    for i in range(2):  # the sampler's process returns the learner's result
+      g = got[i][mode]
+      assert g["steps"] == want.steps == 2
+      _close(g["records"], want.records, f"{mode}, process {i}")
+      assert g["records"] == got[0][mode]["records"]
+      assert (g["accuracy_before"], g["accuracy_after"]) == (want.accuracy_before, want.accuracy_after)
+      assert g["eval_after"] == want.eval_after  # transfer sets included
+    assert [r["policy_lag"] for r in want.records] == ([0, 0] if mode == "sync" else [0, 1])
+    # the sync's second half is the transfer of the served tree to the other process: its bytes are the INT4 tree's
+    assert all(r["sync/bytes"] == want.records[0]["sync/bytes"] > 0 for r in got[0][mode]["records"])
+    # process 0 wrote the run directory once, as one process writes it
+    d = run_dir / mode
+    written = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in written if r["phase"] == "rl"] == got[0][mode]["records"]
+    assert (d / "summary.md").is_file() and (d / "eval_after.jsonl").is_file() and (d / "export_int4").is_dir()
+    assert (d / "eval_after.jsonl").read_text() == (tmp_path / mode / "eval_after.jsonl").read_text()
+    # the learner's checkpoint (host arrays: orbax saves no one-process arrays across processes) restores here
+    _check_checkpoint(cfg, d, tmp_path / mode)
+
+  # The sampler's process failing on RL step 1 (asynchronous: in its thread, while the learner trained on step 0): the
+  # learner's process stops with a SamplerError naming the step and the sampler's process, the sampler's with its own
+  # error; `resume=True` in both continues from the step-1 checkpoint (the held off-policy weights sent to the
+  # sampler again) to the uninterrupted asynchronous run's step-1 record, bit for bit.
+  errors = [g["fault"]["error"] for g in got]
+  assert errors[0].startswith("SamplerError: the sampler (process 1) failed on RL step 1"), errors[0]
+  assert errors[1].startswith("SamplerError: the sampler failed on RL step 1"), errors[1]
+  assert all("injected sampler failure" in e for e in errors)
+  for g in got:
+    assert g["fault"]["steps"] == 2 and len(g["fault"]["records"]) == 1
+    assert untimed(g["fault"]["records"]) == untimed(g["async"]["records"][1:])
+    assert g["fault"]["accuracy_after"] == g["async"]["accuracy_after"]
+
+
+# keys computed from the rollouts alone (the sampler's side): equal bit for bit
+_SAMPLED = ("reward_mean", "reward_std", "accuracy", "response_len", "generated_tokens", "reward_failed", "policy_lag")
+
+
+def _close(got, want, what):
+  """Records equal but for the clock; the learner's floats within the reordering of its f32 sums (see the caller)."""
+  assert len(got) == len(want), what
+  for g, w in zip(got, want):
+    assert set(g) == set(w), what
+    for k, v in w.items():
+      if _timed(k):
+        continue
+      if isinstance(v, float) and k not in _SAMPLED:
+        np.testing.assert_allclose(g[k], v, rtol=4e-6, atol=1e-7, err_msg=f"{what} step {w['step']}: {k}")
+      else:
+        assert g[k] == v, f"{what} step {w['step']}: {k}"

@@ -503,6 +503,12 @@ def test_a_fresh_run_replaces_the_previous_runs_checkpoints(tmp_path):
     ),
     (["learner.mesh=[1,1,1]"], r"learner.mesh=\(1, 1, 1\) must span all 8 devices of the 2 processes"),
     (["run.batch_prompts=3"], "run.batch_prompts = 3 does not split across 2 processes"),
+    (["sampler.mesh=[1,4]"], "a colocated sampler mesh of its own \\(sampler.mesh\\) across processes is not built"),
+    # the learner's and the sampler's devices must lie in one process each (rl.roles): here all 8 are process 0's
+    (
+      ["sampler.mesh=[1,4]", "run.placement=disaggregated"],
+      r"puts the learner's devices in process\(es\) \[0\] and the sampler's in \[0\]: built is one process each",
+    ),
   ],
 )
 def test_train_across_processes_refuses_what_is_not_built_before_writing(tmp_path, monkeypatch, over, match):
