@@ -4,7 +4,9 @@ Launch recipe (GPU clusters or Cloud TPU pods):
 
 1. Start the same program on every host: `lrl-jax train CONFIG` (the RL loop, `rl.procs`: every process samples
    its share of each batch, the learner is one program on the global mesh `learner.mesh` spanning every host's
-   devices, process 0 writes the run directory, which must be on a file system all hosts see), or your script built
+   devices, process 0 writes the run directory, which must be on a file system all hosts see; or, with
+   `run.placement: disaggregated` and the learner's mesh on one process's devices and `sampler.mesh` on the other's,
+   `rl.roles`: one process learns and one samples, the served weights sent between them), or your script built
    on the learner (`create_train_state` / `train_step` on a global mesh, as tests/learner/_mp_child.py does), with
 
      LRL_JAX_COORDINATOR=<host0 ip>:<port>   # e.g. 10.0.0.2:8476, reachable from every host
