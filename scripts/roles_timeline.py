@@ -23,13 +23,13 @@ from pathlib import Path
 ARMS = {
   "int4, synchronous, off-policy": ["run.off_policy=true"],
   "int4, asynchronous": ["run.async_rollouts=true"],
-  "bf16, synchronous, off-policy": ["run.off_policy=true", "quant.sampler=bf16", "quant.learner=bf16"],
+  "bf16, synchronous, off-policy": ["run.off_policy=true", "quant.sampler=bf16", "quant.learner=none"],
   "nvfp4, synchronous, off-policy": ["run.off_policy=true", "quant.sampler=nvfp4", "quant.learner=nvfp4"],
 }
 BASE = ["run.eval_every=0", "learner.mesh=[-1,1,1]", "run.placement=disaggregated", "sampler.mesh=[1,4]"]
 
 
-def child(pid: int, port: int, steps: int, out: str, extra: list[str]) -> None:
+def child(pid: int, port: int, steps: int, out: str, extra: list[str], arms: list[int]) -> None:
   import jax  # noqa: PLC0415
 
   from lrl_jax import learner as L  # noqa: PLC0415
@@ -39,7 +39,9 @@ def child(pid: int, port: int, steps: int, out: str, extra: list[str]) -> None:
   L.initialize_distributed(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
   assert jax.process_count() == 2
   got = {}
-  for i, (name, over) in enumerate(ARMS.items()):
+  names = list(ARMS)
+  for i in arms:
+    name, over = names[i], ARMS[names[i]]
     cfg = load_config(
       "configs/quickstart.yaml", [f"run.steps={steps}", *BASE, *extra, *over, f"run.out_dir={out}/arm{i}"]
     )
@@ -53,10 +55,13 @@ def main() -> int:
   ap.add_argument("--steps", type=int, default=12)
   ap.add_argument("--out", default="runs/roles_timeline")
   ap.add_argument("--extra", nargs="*", default=[], help="more key=value overrides for every arm")
+  ap.add_argument(
+    "--arms", nargs="+", type=int, default=None, help="which arms (indices into ARMS), in this order (default: all)"
+  )
   ap.add_argument("--child", nargs=2, type=int, metavar=("PID", "PORT"), help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.child:
-    child(*args.child, args.steps, args.out, args.extra)
+    child(*args.child, args.steps, args.out, args.extra, args.arms or list(range(len(ARMS))))
     return 0
 
   import numpy as np  # noqa: PLC0415
@@ -69,7 +74,8 @@ def main() -> int:
   Path(args.out).mkdir(parents=True, exist_ok=True)
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
   port = free_port()
-  argv = [sys.executable, __file__, "--steps", str(args.steps), "--out", args.out, "--extra", *args.extra, "--child"]
+  argv = [sys.executable, __file__, "--steps", str(args.steps), "--out", args.out, "--extra", *args.extra]
+  argv += ["--arms", *map(str, args.arms or range(len(ARMS))), "--child"]
   logs = [open(Path(args.out, f"{i}.log"), "w") for i in range(2)]  # noqa: SIM115
   ps = [
     subprocess.Popen([*argv, str(i), str(port)], env=env, stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)
@@ -84,10 +90,10 @@ def main() -> int:
     "\n| arm | step s (after step 0) | vs int4 sync | sampler busy | learner busy | both busy | bytes sent / step | "
     "transfer ms |\n|---|---|---|---|---|---|---|---|"
   )
-  base = None
+  first = list(ARMS)[0]
+  base = M.timeline_overlap(got[first if first in got else next(iter(got))])["step_s"]
   for name, recs in got.items():
     ov = M.timeline_overlap(recs)
-    base = base or ov["step_s"]
     later = recs[1:]
     nbytes = float(np.mean([r["sync/bytes"] for r in later]))
     tr = float(np.median([r["time/sync_transfer_s"] for r in later]))
@@ -96,11 +102,12 @@ def main() -> int:
       f"{100 * ov['learner_busy_frac']:.0f}% | {100 * ov['overlap_frac']:.0f}% | {nbytes / 1024:.1f} KiB "
       f"| {1e3 * tr:.1f} |"
     )
+  pair = [n for n in list(ARMS)[:2] if n in got]
   untimed = [
-    [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in got[n]]
-    for n in list(ARMS)[:2]
+    [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in got[n]] for n in pair
   ]
-  print(f"\nINT4 synchronous off-policy == asynchronous, every record but its clock: {untimed[0] == untimed[1]}")
+  if len(pair) == 2:
+    print(f"\nINT4 synchronous off-policy == asynchronous, every record but its clock: {untimed[0] == untimed[1]}")
   return 0
 
 

@@ -273,6 +273,54 @@ def _dot_rate(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n**3 / best
 
 
+def step_matmuls(mc, batch: int, seq: int, prompt: int, group: int, *, share_prompt: bool = True) -> dict:
+  """{(b, m, k, n): how many} of the [b, m, k] @ [b, k, n] products one train step (forward + backward, no remat)
+  computes, as the grouped forward lays them out: the prompt once per group (`share_prompt`) then every row's
+  completion slots attending to prompt + completion keys, the LM head at the completion slots. Attention products
+  are counted whole (the causal mask hides half of them, it does not skip them). Backward: each product [m, k] @
+  [k, n] has two, [m, n] @ [n, k] (the input's gradient) and [k, m] @ [m, n] (the weight's)."""
+  d, hd, H, KV, inter = mc.hidden_size, mc.head_dim, mc.num_heads, mc.num_kv_heads, mc.intermediate_size
+  n_gen = seq - prompt
+  rows_p = batch // group if share_prompt else batch
+  fwd: dict = {}
+
+  def add(b, m, k, n, times=1):
+    fwd[(b, m, k, n)] = fwd.get((b, m, k, n), 0) + times
+
+  for m in (rows_p * prompt, batch * n_gen):  # the projections and the MLP of the prompt tokens, then the completions'
+    for k, n in ((d, H * hd), (d, KV * hd), (d, KV * hd), (H * hd, d), (d, inter), (d, inter), (inter, d)):
+      add(1, m, k, n, mc.num_layers)
+  add(rows_p * H, prompt, hd, prompt, mc.num_layers)  # prompt scores, then their values
+  add(rows_p * H, prompt, prompt, hd, mc.num_layers)
+  add(batch * H, n_gen, hd, seq, mc.num_layers)  # completion queries over prompt + completion keys
+  add(batch * H, n_gen, seq, hd, mc.num_layers)
+  add(1, batch * n_gen, d, mc.vocab_size)  # the LM head
+  out = dict(fwd)
+  for (b, m, k, n), c in fwd.items():
+    for shape in ((b, m, n, k), (b, k, m, n)):
+      out[shape] = out.get(shape, 0) + c
+  return out
+
+
+def matmul_time(products: dict, dtype=jnp.float32, repeats: int = 5) -> float:
+  """Seconds XLA takes for the products of `step_matmuls`, each shape timed alone (best of `repeats`) times its count:
+  the step's matmul time at its own shapes, which small or skinny products make slower than one large square dot."""
+  total = 0.0
+  rng = np.random.default_rng(0)
+  f = jax.jit(jnp.matmul)
+  for (b, m, k, n), count in products.items():
+    x = jnp.asarray(rng.standard_normal((b, m, k)), dtype)
+    y = jnp.asarray(rng.standard_normal((b, k, n)), dtype)
+    jax.block_until_ready(f(x, y))
+    best = float("inf")
+    for _ in range(repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(f(x, y))
+      best = min(best, time.perf_counter() - t)
+    total += best * count
+  return total
+
+
 def _torch_step(batch: int, seq: int, prompt: int, repeats: int, threads: int):
   """transformers + torch f32: forward, a masked token log-prob loss, backward, AdamW; median seconds, or None."""
   try:
@@ -332,9 +380,10 @@ def torch_peer(args) -> int:
   rate = _dot_rate()
   print(f"measured f32 dot rate (2048^3, XLA): {rate / 1e9:.1f} GFLOP/s", flush=True)
   print(
-    "\n| learner | step s | tokens / s | vs torch | matmul flops / step (from the shapes) | matmul bound s | vs bound |"
+    "\n| learner | step s | tokens / s | vs torch | matmul flops / step (from the shapes) | matmul bound s | vs bound "
+    "| matmuls at the step's shapes s | vs those |"
   )
-  print("|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|")
   t_torch, label = _torch_step(args.batch, args.seq, args.prompt, args.repeats, threads)
   rows = []
   for name, kw in (
@@ -345,15 +394,19 @@ def torch_peer(args) -> int:
     cfg = LearnerConfig(lr=1e-6, **kw)
     t = _time_steps(mc, cfg, roll, args.repeats, params)
     flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
-    rows.append((name, t, flops))
+    shapes = step_matmuls(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
+    rows.append((name, t, flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype))))
   if t_torch is not None:
     print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | |")
   else:
     print(f"| transformers + torch | — | — | {label} | | | |")
-  for name, t, flops in rows:
+  for name, t, flops, at_shapes in rows:
     vs = f"{t_torch / t:.2f}x" if t_torch else ""
     bound = flops / rate
-    print(f"| {name} | {t:.2f} | {n_tok / t:.0f} | {vs} | {flops / 1e12:.2f} T | {bound:.2f} | {t / bound:.2f}x |")
+    print(
+      f"| {name} | {t:.2f} | {n_tok / t:.0f} | {vs} | {flops / 1e12:.2f} T | {bound:.2f} | {t / bound:.2f}x "
+      f"| {at_shapes:.2f} | {t / at_shapes:.2f}x |"
+    )
   return 0
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lrl_jax import models
-from lrl_jax.learner.bench import matmul_flops
+from lrl_jax.learner.bench import matmul_flops, step_matmuls
 
 
 def _reference(mc, batch, seq, prompt, group, share):
@@ -34,3 +34,20 @@ def test_matmul_flops_matches_the_parameter_tree_and_the_causal_mask(share):
   full = matmul_flops(mc, 16, 40, 24, 8, share_prompt=share, remat="full")
   head = 2 * mc.hidden_size * mc.vocab_size * 16 * 16
   assert full - got == (got / 3 - head)  # full remat: the trunk's forward once more
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_step_matmuls_count_the_same_products_with_attention_whole(share):
+  """`step_matmuls`' products (forward, and the two of each in the backward) hold the flops of `_reference` with the
+  attention counted whole instead of causal: every query against every key of its pass."""
+  mc = models.SMOLLM2_135M.replace(num_layers=3, vocab_size=1000)
+  batch, seq, prompt, group = 16, 40, 24, 8
+  got = sum(
+    2 * b * m * k * n * c for (b, m, k, n), c in step_matmuls(mc, batch, seq, prompt, group, share_prompt=share).items()
+  )
+  rows_p = batch // group if share else batch
+  causal = np.tril(np.ones((seq, seq), bool))
+  half = rows_p * causal[:prompt, :prompt].sum() + batch * causal[prompt:, :].sum()
+  whole = rows_p * prompt * prompt + batch * (seq - prompt) * seq
+  qdim = mc.num_heads * mc.head_dim
+  assert got == _reference(mc, batch, seq, prompt, group, share) + 3 * 3 * 4 * qdim * (whole - half)
