@@ -163,18 +163,29 @@ def _batch(mc, batch: int, seq: int, prompt: int, group: int, seed: int = 0) -> 
   )
 
 
-def _time_steps(mc, cfg: LearnerConfig, roll: Rollout, repeats: int, params) -> float:
-  """Median seconds of one train step (compile and a first step excluded)."""
+def _jax_runner(mc, cfg: LearnerConfig, roll: Rollout, params):
+  """A callable that runs one train step (blocking until done) on its own state; compiled and run once here."""
   state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-  state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
-  jax.block_until_ready(m)
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
+
+  def step():
+    nonlocal state
     state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
     jax.block_until_ready(m)
-    times.append(time.perf_counter() - t)
-  return float(np.median(times))
+
+  step()
+  return step
+
+
+def _round_robin(steps: dict, repeats: int) -> dict[str, float]:
+  """Median seconds of each callable in `steps`, timed one call of each per round so that a drift in the machine's
+  speed reaches every row alike."""
+  times = {k: [] for k in steps}
+  for _ in range(repeats):
+    for k, f in steps.items():
+      t = time.perf_counter()
+      f()
+      times[k].append(time.perf_counter() - t)
+  return {k: float(np.median(v)) for k, v in times.items()}
 
 
 @contextlib.contextmanager
@@ -321,8 +332,9 @@ def matmul_time(products: dict, dtype=jnp.float32, repeats: int = 5) -> float:
   return total
 
 
-def _torch_step(batch: int, seq: int, prompt: int, repeats: int, threads: int):
-  """transformers + torch f32: forward, a masked token log-prob loss, backward, AdamW; median seconds, or None."""
+def _torch_runner(batch: int, seq: int, prompt: int, threads: int):
+  """(a callable that runs one transformers + torch f32 step: forward, a masked token log-prob loss, backward, AdamW;
+  run once here, label), or (None, why not)."""
   try:
     import torch  # noqa: PLC0415  (the `ref` extra)
     import transformers  # noqa: PLC0415
@@ -358,12 +370,7 @@ def _torch_step(batch: int, seq: int, prompt: int, repeats: int, threads: int):
     opt.step()
 
   step()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    step()
-    times.append(time.perf_counter() - t)
-  return float(np.median(times)), f"transformers {transformers.__version__} + torch {torch.__version__} f32"
+  return step, f"transformers {transformers.__version__} + torch {torch.__version__} f32"
 
 
 def torch_peer(args) -> int:
@@ -374,7 +381,8 @@ def torch_peer(args) -> int:
   n_tok = args.batch * args.seq
   print(
     f"SmolLM2-135M shapes (random weights), one GRPO-sized step (forward + backward + AdamW) on {args.batch} x "
-    f"{args.seq} tokens (loss on the last {args.seq - args.prompt}), {threads} cores; median of {args.repeats}",
+    f"{args.seq} tokens (loss on the last {args.seq - args.prompt}), {threads} cores; median of {args.repeats}, "
+    "one step of each row per round",
     flush=True,
   )
   rate = _dot_rate()
@@ -384,18 +392,22 @@ def torch_peer(args) -> int:
     "| matmuls at the step's shapes s | vs those |"
   )
   print("|---|---|---|---|---|---|---|---|---|")
-  t_torch, label = _torch_step(args.batch, args.seq, args.prompt, args.repeats, threads)
+  torch_step, label = _torch_runner(args.batch, args.seq, args.prompt, threads)
+  arms = {
+    "lrl_jax f32, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="float32"),
+    "lrl_jax f32, no sharing": LearnerConfig(lr=1e-6, compute_dtype="float32", share_prompt=False),
+    "lrl_jax bf16, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="bfloat16"),
+  }
+  steps = {name: _jax_runner(mc, cfg, roll, params) for name, cfg in arms.items()}
+  if torch_step is not None:
+    steps = {"torch": torch_step, **steps}
+  med = _round_robin(steps, args.repeats)  # torch and the three learners one step each per round
+  t_torch = med.get("torch")
   rows = []
-  for name, kw in (
-    ("lrl_jax f32, prompt shared", dict(compute_dtype="float32")),
-    ("lrl_jax f32, no sharing", dict(compute_dtype="float32", share_prompt=False)),
-    ("lrl_jax bf16, prompt shared", dict(compute_dtype="bfloat16")),
-  ):
-    cfg = LearnerConfig(lr=1e-6, **kw)
-    t = _time_steps(mc, cfg, roll, args.repeats, params)
+  for name, cfg in arms.items():
     flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
     shapes = step_matmuls(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
-    rows.append((name, t, flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype))))
+    rows.append((name, med[name], flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype))))
   if t_torch is not None:
     print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | |")
   else:

@@ -276,6 +276,7 @@ class Remote:
       return
     d = dataclasses.asdict(result)
     d["out_dir"] = str(d["out_dir"])
+    d["records"] = None  # a long run's are megabytes: the sampler's process reads them from metrics.jsonl
     self.link.send({"op": "stop", "result": d})
 
 
@@ -286,6 +287,7 @@ def serve(cfg, link: Link, *, task=None):
   """The sampler's process of the run: answers the learner's messages until it stops; returns the run's result (the
   learner's `RunResult`), or raises what stopped the run (its own failure, or one naming the learner's)."""
   from lrl_jax.rl import loop as Lp  # noqa: PLC0415
+  from lrl_jax.rl import metrics as M  # noqa: PLC0415
   from lrl_jax.rl.buffer import OffPolicyQueue  # noqa: PLC0415
   from lrl_jax.rl.setup import build_model, new_state, sampler_mesh  # noqa: PLC0415
   from lrl_jax.sampler import shard_params  # noqa: PLC0415
@@ -293,6 +295,7 @@ def serve(cfg, link: Link, *, task=None):
 
   setup = pool = rollouts = None
   served = None
+  start = 0
   failure: BaseException | None = None
   try:
     setup = build_model(cfg, task=task)
@@ -315,7 +318,9 @@ def serve(cfg, link: Link, *, task=None):
       if op == "stop":
         if "result" in msg:
           r = msg["result"]
-          return Lp.RunResult(**{**r, "out_dir": Lp.Path(r["out_dir"])})
+          written = M.read_metrics(r["paths"]["metrics"])  # the learner's process wrote them (a shared file system)
+          records = [x for x in written if x["phase"] == "rl" and x["step"] >= start]
+          return Lp.RunResult(**{**r, "out_dir": Lp.Path(r["out_dir"]), "records": records})
         if failure is not None:
           raise failure
         raise RuntimeError(f"the learner (process {link.other}) stopped the run: {msg['error']}")
@@ -325,6 +330,7 @@ def serve(cfg, link: Link, *, task=None):
         if "weights" in msg:
           served = place(msg["weights"])
         if op == "hello":
+          start = msg["start"]
           queue = OffPolicyQueue(cfg.run.max_staleness) if cfg.run.off_policy or cfg.run.async_rollouts else None
           if queue is not None and msg["held"]:
             queue.restore([(place(part), v) for part, v in msg["held"]])
