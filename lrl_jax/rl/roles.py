@@ -131,7 +131,6 @@ class Link:
     self._client = ocp.multihost.get_jax_distributed_client()
     self._prefix = f"lrl_jax/roles/{next(_CALLS)}"
     self._sent = self._received = 0
-    self.bytes_sent = 0  # of arrays, in the last `send`
 
   def _key(self, sender: str, n: int) -> str:
     return f"{self._prefix}/{sender}/{n}"
@@ -141,7 +140,6 @@ class Link:
     header, arrays = encode(obj)
     self._client.key_value_set_bytes(self._key(self.role, self._sent), json.dumps(header).encode())
     self._sent += 1
-    self.bytes_sent = sum(a.nbytes for a in arrays)
     t0 = time.perf_counter()
     if arrays:
       multihost_utils.broadcast_one_to_all([_bits(a) for a in arrays], is_source=True)
