@@ -396,6 +396,11 @@ def torch_peer(args) -> int:
   arms = {
     "lrl_jax f32, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="float32"),
     "lrl_jax f32, no sharing": LearnerConfig(lr=1e-6, compute_dtype="float32", share_prompt=False),
+    # saving only the dots' outputs for the backward (the rest recomputed): fewer stacked residuals to write and read
+    "lrl_jax f32, no sharing, remat dots": LearnerConfig(
+      lr=1e-6, compute_dtype="float32", share_prompt=False, remat="dots"
+    ),
+    "lrl_jax f32, prompt shared, remat dots": LearnerConfig(lr=1e-6, compute_dtype="float32", remat="dots"),
     "lrl_jax bf16, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="bfloat16"),
   }
   steps = {name: _jax_runner(mc, cfg, roll, params) for name, cfg in arms.items()}
