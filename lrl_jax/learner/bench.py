@@ -271,17 +271,21 @@ def qat(args) -> int:
   return 0
 
 
-def _dot_rate(n: int = 2048, repeats: int = 5) -> float:
-  """This machine's measured f32 matmul rate (flop/s) through XLA: an n x n x n dot, best of `repeats`."""
-  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-  f = jax.jit(lambda x, y: x @ y)
-  jax.block_until_ready(f(a, a))
+def _best_time(f, *args, repeats: int) -> float:
+  """Seconds of the fastest of `repeats` calls of f(*args) (after one untimed call: the compile)."""
+  jax.block_until_ready(f(*args))
   best = float("inf")
   for _ in range(repeats):
     t = time.perf_counter()
-    jax.block_until_ready(f(a, a))
+    jax.block_until_ready(f(*args))
     best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best
+  return best
+
+
+def _dot_rate(n: int = 2048, repeats: int = 5) -> float:
+  """This machine's measured f32 matmul rate (flop/s) through XLA: an n x n x n dot, best of `repeats`."""
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+  return 2 * n**3 / _best_time(jax.jit(lambda x, y: x @ y), a, a, repeats=repeats)
 
 
 def step_matmuls(mc, batch: int, seq: int, prompt: int, group: int, *, share_prompt: bool = True) -> dict:
@@ -322,13 +326,7 @@ def matmul_time(products: dict, dtype=jnp.float32, repeats: int = 5) -> float:
   for (b, m, k, n), count in products.items():
     x = jnp.asarray(rng.standard_normal((b, m, k)), dtype)
     y = jnp.asarray(rng.standard_normal((b, k, n)), dtype)
-    jax.block_until_ready(f(x, y))
-    best = float("inf")
-    for _ in range(repeats):
-      t = time.perf_counter()
-      jax.block_until_ready(f(x, y))
-      best = min(best, time.perf_counter() - t)
-    total += best * count
+    total += _best_time(f, x, y, repeats=repeats) * count
   return total
 
 

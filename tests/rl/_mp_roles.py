@@ -6,55 +6,26 @@ whose learner mesh is process 0's 4 devices and whose sampler mesh is process 1'
 (`rl.roles`); writes what `train` returned to the .json.
 """
 
-import json
 import os
 import sys
 
-# the quickstart (INT4 QAT learner, INT4 sampler) made short, as _mp_train.py's, with the learner on 4 devices
-# (data=4) and the sampler on the other 4 (data=4): 2 GRPO steps of 4 prompts x G=4, a KL penalty, an eval set of 15
-# (the sampler's 4 batch slots round it up to 16), a checkpoint every step, the INT4 export at the end
+import _mp_train
+
+# _mp_train.py's run (the quickstart made short: 2 GRPO steps of 4 prompts x G=4, a KL penalty, an eval set of 15, a
+# checkpoint every step, the INT4 export) with the learner on process 0's 4 devices (data=4) and the sampler on
+# process 1's (data=4; its 4 batch slots round the eval set up to 16)
 OVERRIDES = [
-  "run.sft_steps=20",
-  "run.steps=2",
-  "run.batch_prompts=4",
-  "run.eval_every=1",
-  "run.ckpt_every=1",
-  "task.eval_size=15",
-  "task.format_reward=0.5",
+  *(o for o in _mp_train.OVERRIDES if not o.startswith("learner.mesh=")),
   "learner.mesh=[-1,1,1]",
-  "learner.kl_coef=0.05",
   "run.placement=disaggregated",
   "sampler.mesh=[4,1]",
 ]
 # synchronous; asynchronous (the sampler's process generates step k + 1 while the learner's trains on step k)
-MODES = {"sync": [], "async": ["run.async_rollouts=true"]}
+MODES = _mp_train.MODES
 
 
 def main(pid: int, port: int, out_dir: str, out_path: str):
-  import jax  # noqa: PLC0415
-
-  from lrl_jax import learner as L  # noqa: PLC0415
-  from lrl_jax.config import load_config  # noqa: PLC0415
-  from lrl_jax.rl import train  # noqa: PLC0415
-
-  assert L.initialize_distributed(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-  assert jax.device_count() == 8 and jax.local_device_count() == 4 and jax.process_count() == 2
-  got = {}
-  for mode, over in MODES.items():
-    cfg = load_config("configs/quickstart.yaml", [*OVERRIDES, *over, f"run.out_dir={out_dir}/{mode}"])
-    res = train(cfg, progress=False, export=True)
-    got[mode] = {
-      "records": res.records,
-      "accuracy_before": res.accuracy_before,
-      "accuracy_after": res.accuracy_after,
-      "eval_after": res.eval_after,
-      "steps": res.steps,
-      "paths": res.paths,
-    }
-  got["fault"] = _fault(out_dir)
-  with open(out_path, "w") as f:
-    json.dump(got, f)
-  print(f"process {pid}: done", flush=True)
+  _mp_train.run(pid, port, out_dir, out_path, OVERRIDES, MODES, _fault)
 
 
 def _fault(out_dir: str) -> dict:

@@ -29,6 +29,12 @@ MODES = {"sync": [], "async": ["run.async_rollouts=true"]}
 
 
 def main(pid: int, port: int, out_dir: str, out_path: str):
+  run(pid, port, out_dir, out_path, OVERRIDES, MODES, _fault)
+
+
+def run(pid: int, port: int, out_dir: str, out_path: str, overrides: list[str], modes: dict, fault) -> None:
+  """Joins the 2-process run, trains the quickstart with `overrides` in each of `modes`, then `fault(out_dir)`; writes
+  what `train` returned to `out_path` (also `_mp_roles.py`'s body)."""
   import jax  # noqa: PLC0415
 
   from lrl_jax import learner as L  # noqa: PLC0415
@@ -38,8 +44,8 @@ def main(pid: int, port: int, out_dir: str, out_path: str):
   assert L.initialize_distributed(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
   assert jax.device_count() == 8 and jax.local_device_count() == 4 and jax.process_count() == 2
   got = {}
-  for mode, over in MODES.items():
-    cfg = load_config("configs/quickstart.yaml", [*OVERRIDES, *over, f"run.out_dir={out_dir}/{mode}"])
+  for mode, over in modes.items():
+    cfg = load_config("configs/quickstart.yaml", [*overrides, *over, f"run.out_dir={out_dir}/{mode}"])
     res = train(cfg, progress=False, export=True)
     got[mode] = {
       "records": res.records,
@@ -49,7 +55,7 @@ def main(pid: int, port: int, out_dir: str, out_path: str):
       "steps": res.steps,
       "paths": res.paths,
     }
-  got["fault"] = _fault(out_dir)
+  got["fault"] = fault(out_dir)
   with open(out_path, "w") as f:
     json.dump(got, f)
   print(f"process {pid}: done", flush=True)

@@ -25,20 +25,25 @@ def _timed(key: str) -> bool:
   return key.startswith("time/") or key == "tokens_per_s"
 
 
-@pytest.mark.multiprocess
-def test_train_across_two_processes_equals_one(tmp_path):
-  from lrl_jax.config import load_config  # noqa: PLC0415
-  from lrl_jax.rl import train  # noqa: PLC0415
-
+def _two_processes(script: str, tmp_path):
+  """(their run directory, what each returned) of `script` run by 2 processes of 4 CPU devices each."""
   env = dict(os.environ)
   # the children compile as this process does (tests/conftest.py's flags: LLVM -O0 changes the CPU code, and so
   # the last bits), with 4 devices each
   env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("device_count=8", "device_count=4")
   run_dir = tmp_path / "two"
   run_processes(
-    HERE / "_mp_train.py", lambda i, port: [i, port, run_dir, tmp_path / f"{i}.json"], tmp_path, env=env, timeout=600
+    HERE / script, lambda i, port: [i, port, run_dir, tmp_path / f"{i}.json"], tmp_path, env=env, timeout=600
   )
-  got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+  return run_dir, [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+
+
+@pytest.mark.multiprocess
+def test_train_across_two_processes_equals_one(tmp_path):
+  from lrl_jax.config import load_config  # noqa: PLC0415
+  from lrl_jax.rl import train  # noqa: PLC0415
+
+  run_dir, got = _two_processes("_mp_train.py", tmp_path)
 
   # the reference: this process, its 8 devices (tests/conftest.py), the same configs
   assert jax.device_count() == 8
@@ -133,13 +138,7 @@ def test_learner_and_sampler_in_two_processes_equal_one(tmp_path):
   from lrl_jax.config import load_config  # noqa: PLC0415
   from lrl_jax.rl import train  # noqa: PLC0415
 
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = env.get("XLA_FLAGS", "").replace("device_count=8", "device_count=4")
-  run_dir = tmp_path / "two"
-  run_processes(
-    HERE / "_mp_roles.py", lambda i, port: [i, port, run_dir, tmp_path / f"{i}.json"], tmp_path, env=env, timeout=600
-  )
-  got = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+  run_dir, got = _two_processes("_mp_roles.py", tmp_path)
   untimed = lambda recs: [{k: v for k, v in r.items() if not _timed(k)} for r in recs]  # noqa: E731
 
   assert jax.device_count() == 8
