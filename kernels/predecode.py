@@ -20,7 +20,7 @@ from jax import lax
 from lrl_jax import quant
 from lrl_jax.kernels import dispatch
 
-__all__ = ["Predecoded", "predecode", "predecode_params", "predecoded_dot", "predecode_by_default"]
+__all__ = ["Predecoded", "predecode", "predecode_params", "predecoded_dot", "predecode_by_default", "dense_dot"]
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "dec"], meta_fields=["axis"])
@@ -59,6 +59,37 @@ def predecode_params(params, dtype):
   return jax.tree_util.tree_map(lambda x: predecode(x, dtype) if is_q(x) else x, params, is_leaf=is_q)
 
 
+def _dot(x, w, k_axis: int):
+  return lax.dot_general(x, w, (((x.ndim - 1,), (k_axis,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense_dot(x: jax.Array, w: jax.Array, k_axis: int = 0) -> jax.Array:
+  """x [..., K] · w (one matrix, [K, N] for k_axis 0, [N, K] for 1) -> [..., N] float32: a dense layer's product.
+
+  The forward is `lax.dot_general` as written. The backward is that dot's own vjp on x flattened to [rows, K]: the
+  same products and dtypes, but the weight gradient contracts one axis of rows, not x's leading axes. (XLA:CPU
+  lays a dot that contracts two axes out by transposing the gradient, fused with the elementwise work that makes
+  it, e.g. the SwiGLU backward; that fusion ran at ~130 MB/s and took a quarter of a SmolLM2 learner step:
+  `lrl_jax/learner/README.md`.)
+  """
+  return _dot(x, w, k_axis)
+
+
+def _dense_dot_fwd(x, w, k_axis):
+  return _dot(x, w, k_axis), (x, w)
+
+
+def _dense_dot_bwd(k_axis, res, g):
+  x, w = res
+  _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x.reshape(-1, x.shape[-1]), w)
+  dx, dw = vjp(g.reshape(-1, g.shape[-1]))
+  return dx.reshape(x.shape), dw
+
+
+dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
+
+
 def predecoded_dot(x: jax.Array, p: Predecoded) -> jax.Array:
   """x [..., K] ⋅ ŵ -> [..., N] float32: `quant.qdot` on the predecoded operand (one matrix, no stack)."""
   if p.w.ndim != 2:
@@ -66,5 +97,5 @@ def predecoded_dot(x: jax.Array, p: Predecoded) -> jax.Array:
   k_axis = 0 if p.axis == -2 else 1
   if x.shape[-1] != p.w.shape[k_axis]:
     raise ValueError(f"predecoded_dot: activations {tuple(x.shape)} do not contract with weight {p.w.shape}")
-  y = lax.dot_general(x, p.w, (((x.ndim - 1,), (k_axis,)), ((), ())), preferred_element_type=jnp.float32)
+  y = dense_dot(x, p.w, k_axis)
   return y if p.dec is None else y * p.dec

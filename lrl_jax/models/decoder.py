@@ -355,8 +355,9 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
   """x [.., K] @ w [K, N] -> [.., N] in x.dtype, f32 accumulation.
 
   w: a QArray (sampler: `kernels.qmatmul`; in the nn.Linear layout [N, K], axis=-1: `kernels.qlinear`)
-    or a float array (learner). A float w with a spec is
-  fake-quantized along K with a straight-through gradient through `quant.dot_general_for(spec)`
+    or a float array (learner). A float w without a spec is a plain dot (`kernels.dense_dot`: its weight
+    gradient contracts x's rows flattened, one axis, which XLA:CPU lays out without a slow transposed copy).
+  A float w with a spec is fake-quantized along K with a straight-through gradient through `quant.dot_general_for(spec)`
   (AQT for INT4 / FP8, `fake_quant` for MXFP8; a barrier there keeps XLA from fusing the
   dequantization into the dot, so the QAT forward equals the forward on `fake_quant_params`). NVFP4
   computes the sampler's dot, `quant.qdot` (its per-matrix scale after the K sum): the QAT forward equals
@@ -413,6 +414,8 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
       served = lambda: quant.dot_general_for(spec)(x, w, dn, preferred_element_type=jnp.float32)  # noqa: E731
       return lax.cond(a >= 1.0, served, blend).astype(x.dtype)
     return blend().astype(x.dtype)
+  if spec is None and act_spec is None:
+    return kernels.dense_dot(x, w).astype(x.dtype)  # the plain dot, its weight gradient over flattened rows
   y = quant.dot_general_for(spec, act_spec=act_spec)(x, w, dn, preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
 
@@ -890,14 +893,14 @@ def logits_from_hidden(params, h_BTD, cfg: ModelConfig):
   h = h_BTD.astype(dt)
   if cfg.tie_word_embeddings:
     w = params["embed"]["embedding"]
-    return jnp.einsum("...d,vd->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
+    return kernels.dense_dot(h, w.astype(dt), 1)
   w = params["lm_head"]["kernel"]
   if isinstance(w, kernels.Predecoded):
     return kernels.predecoded_dot(h, w)
   if isinstance(w, quant.QArray):
     mm = kernels.qlinear if w.axis == -1 else kernels.qmatmul  # [V, D] in the nn.Linear layout, else [D, V]
     return mm(h, w).astype(jnp.float32)
-  return jnp.einsum("...d,dv->...v", h, w.astype(dt), preferred_element_type=jnp.float32)
+  return kernels.dense_dot(h, w.astype(dt))
 
 
 def forward(
