@@ -15,7 +15,14 @@ from lrl_jax.kernels.blocks import BlockConfig, Unsupported
 from lrl_jax.kernels.dispatch import Support, qmatmul, supported, xla_matmul
 from lrl_jax.kernels.linear import linear_layout, qlinear, supported_linear, xla_linear
 from lrl_jax.kernels.matmul import fp8_matmul, nvfp4_matmul, pallas_matmul, w4a16_matmul
-from lrl_jax.kernels.predecode import Predecoded, dense_dot, predecode, predecode_by_default, predecode_params, predecoded_dot
+from lrl_jax.kernels.predecode import (
+  Predecoded,
+  dense_dot,
+  predecode,
+  predecode_by_default,
+  predecode_params,
+  predecoded_dot,
+)
 
 __all__ = [
   "qmatmul",

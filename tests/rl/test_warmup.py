@@ -67,6 +67,13 @@ def test_load_tree_refuses_a_file_that_does_not_fit(tmp_path):
     load_tree(path, {"a": jax.ShapeDtypeStruct((2, 3), np.float32)})
 
 
+def test_the_quickstart_warms_up_with_the_measured_default():
+  """The warm-up the test below (slow: 1000 steps, ~110 s) measured: lr 1e-3 x 1000 steps."""
+  cfg = load_config(QS, ["run.steps=0"])
+  assert (cfg.run.sft_lr, cfg.run.sft_steps) == (1e-3, 1000)
+
+
+@pytest.mark.slow  # ~110 s on 2 cores; the default suite checks the settings above
 def test_the_default_warmup_frees_a_seed_that_used_to_stall(tmp_path):
   """Issue 22's INT4-QAT "collapse" from scratch: with the old warm-up (lr 3e-3 x 500 steps) seed 4 of the quickstart
   ended on the 14-20% plateau (14.5% served-INT4 accuracy; 4 of 10 seeds at <= 20.3%); the default warm-up (lr 1e-3 x
