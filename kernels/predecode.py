@@ -63,7 +63,6 @@ def _dot(x, w, k_axis: int):
   return lax.dot_general(x, w, (((x.ndim - 1,), (k_axis,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def dense_dot(x: jax.Array, w: jax.Array, k_axis: int = 0) -> jax.Array:
   """x [..., K] · w (one matrix, [K, N] for k_axis 0, [N, K] for 1) -> [..., N] float32: a dense layer's product.
 
@@ -73,6 +72,11 @@ def dense_dot(x: jax.Array, w: jax.Array, k_axis: int = 0) -> jax.Array:
   it, e.g. the SwiGLU backward; that fusion ran at ~130 MB/s and took a quarter of a SmolLM2 learner step:
   `lrl_jax/learner/README.md`.)
   """
+  return _dense_dot(x, w, k_axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dense_dot(x, w, k_axis):
   return _dot(x, w, k_axis)
 
 
@@ -87,7 +91,7 @@ def _dense_dot_bwd(k_axis, res, g):
   return dx.reshape(x.shape), dw
 
 
-dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
+_dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
 
 
 def predecoded_dot(x: jax.Array, p: Predecoded) -> jax.Array:

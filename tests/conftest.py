@@ -1,6 +1,15 @@
 """Test-wide settings: 8 simulated CPU devices (for sharding tests), strict rank promotion, a faster XLA compile."""
 
 import os
+import sys
+
+# The repository root is on sys.path (for `tests.*`; pytest puts it first, so does `python -m`). It holds `kernels/`,
+# the source of `lrl_jax.kernels`, which would shadow the PyPI package `kernels` that transformers >= 5.25 requires
+# and imports (`from kernels import CUDAProperties`: an ImportError in every reference test). Moved to the end of
+# sys.path, the root still serves `tests.*` and an installed `kernels` wins.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_AT_ROOT = [p for p in sys.path if os.path.abspath(p or os.curdir) == _ROOT]
+sys.path[:] = [p for p in sys.path if p not in _AT_ROOT] + _AT_ROOT
 
 # The device and ahead-of-time runs keep XLA's defaults: their compiles are the thing tested.
 _CPU_RUN = os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1" and os.environ.get("LRL_JAX_REQUIRE_AOT") != "1"
