@@ -1,15 +1,25 @@
 """Test-wide settings: 8 simulated CPU devices (for sharding tests), strict rank promotion, a faster XLA compile."""
 
+import importlib.machinery
+import importlib.util
 import os
 import sys
 
-# The repository root is on sys.path (for `tests.*`; pytest puts it first, so does `python -m`). It holds `kernels/`,
-# the source of `lrl_jax.kernels`, which would shadow the PyPI package `kernels` that transformers >= 5.25 requires
-# and imports (`from kernels import CUDAProperties`: an ImportError in every reference test). Moved to the end of
-# sys.path, the root still serves `tests.*` and an installed `kernels` wins.
+# The repository root is on sys.path (for `tests.*`; pytest puts it first before each test module, so does `python
+# -m`). It holds `kernels/`, the source of `lrl_jax.kernels`, which shadows the PyPI package `kernels` that
+# transformers >= 5.25 requires and imports (`from kernels import CUDAProperties`: an ImportError in every reference
+# test). Where that package is installed it is imported here, from sys.path without the root, so `kernels` is it.
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_AT_ROOT = [p for p in sys.path if os.path.abspath(p or os.curdir) == _ROOT]
-sys.path[:] = [p for p in sys.path if p not in _AT_ROOT] + _AT_ROOT
+_spec = importlib.machinery.PathFinder.find_spec(
+  "kernels", [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+)
+if _spec is not None and "kernels" not in sys.modules:
+  sys.modules["kernels"] = importlib.util.module_from_spec(_spec)
+  try:
+    _spec.loader.exec_module(sys.modules["kernels"])
+  except BaseException:
+    del sys.modules["kernels"]
+    raise
 
 # The device and ahead-of-time runs keep XLA's defaults: their compiles are the thing tested.
 _CPU_RUN = os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1" and os.environ.get("LRL_JAX_REQUIRE_AOT") != "1"
@@ -24,8 +34,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
-
-import importlib.util  # noqa: E402
 
 import pytest  # noqa: E402
 
