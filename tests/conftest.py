@@ -17,9 +17,8 @@ if _spec is not None and "kernels" not in sys.modules:
   sys.modules["kernels"] = importlib.util.module_from_spec(_spec)
   try:
     _spec.loader.exec_module(sys.modules["kernels"])
-  except BaseException:
+  except Exception:  # a broken install: leave it to transformers to fail on it (the reference tests), not every test
     del sys.modules["kernels"]
-    raise
 
 # The device and ahead-of-time runs keep XLA's defaults: their compiles are the thing tested.
 _CPU_RUN = os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1" and os.environ.get("LRL_JAX_REQUIRE_AOT") != "1"
