@@ -1,9 +1,9 @@
 """`kernels.dense_dot`: a dense layer's product whose backward contracts flattened rows.
 
 The forward is `lax.dot_general` itself (compared bit for bit). The gradients are compared with a NumPy float64
-formula: an f32 sum of n terms is within γ_n·Σ|terms| of the exact sum, γ_n = n·u/(1 − n·u), u = 2^-24 (Higham,
-"Accuracy and Stability of Numerical Algorithms", 2nd ed., Thm 3.4: any summation order or blocking), plus one
-rounding of the result to the weight's dtype.
+formula within `tests/_fp_bound.rounding_bound`'s worst-case bound of the vjp program: an f32 sum of n terms within
+γ_n·Σ|terms| of the exact sum, γ_n = n·u/(1 − n·u) (Higham, "Accuracy and Stability of Numerical Algorithms", 2nd
+ed., Thm 3.4: any summation order or blocking), plus the rounding of the result to the weight's dtype.
 """
 
 import jax
@@ -14,11 +14,7 @@ import pytest
 from jax import lax
 
 from lrl_jax import kernels
-
-
-def _gamma(n: int) -> float:
-  u = 2.0**-24
-  return n * u / (1 - n * u)
+from tests._fp_bound import rounding_bound
 
 
 def _operands(dtype, k_axis):
@@ -45,22 +41,19 @@ def test_forward_is_the_dot_bit_for_bit(dtype, k_axis):
 def test_gradients_equal_the_float64_formula(dtype, k_axis):
   dt = jnp.dtype(dtype)
   x, w, g = _operands(dt, k_axis)
-  _, vjp = jax.vjp(lambda a, b: kernels.dense_dot(a, b, k_axis), x, w)
-  dx, dw = jax.jit(vjp)(g)
+  grads = lambda x, w, g: jax.vjp(lambda a, b: kernels.dense_dot(a, b, k_axis), x, w)[1](g)  # noqa: E731
+  dx, dw = jax.jit(grads)(x, w, g)
   assert dx.dtype == dt and dw.dtype == dt and dx.shape == x.shape and dw.shape == w.shape
+  err_dx, err_dw = rounding_bound(grads, x, w, g, model="worst").err
 
   x64, g64 = np.asarray(x, np.float64), np.asarray(g, np.float64)
   w64 = np.asarray(w, np.float64) if k_axis == 0 else np.asarray(w, np.float64).T  # [K, N]
   want_dx = np.einsum("btn,kn->btk", g64, w64)
   want_dw = np.einsum("btk,btn->kn", x64, g64)
-  err_dx = _gamma(w64.shape[1]) * np.einsum("btn,kn->btk", np.abs(g64), np.abs(w64))
-  err_dw = _gamma(x64.shape[0] * x64.shape[1]) * np.einsum("btk,btn->kn", np.abs(x64), np.abs(g64))
   if k_axis == 1:
-    want_dw, err_dw = want_dw.T, err_dw.T
-  u_out = float(jnp.finfo(dt).eps) / 2  # the gradient's rounding to the operand's dtype
+    want_dw = want_dw.T
   for got, want, err in ((dx, want_dx, err_dx), (dw, want_dw, err_dw)):
-    bound = err * (1 + u_out) + u_out * np.abs(want) + np.finfo(np.float32).tiny
-    np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), bound + 1e-300)
+    np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), np.asarray(err, np.float64))
 
 
 def _dots(jaxpr):
