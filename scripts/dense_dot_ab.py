@@ -5,16 +5,15 @@
 The GRPO-sized step of `lrl-jax bench learner torch` (SmolLM2-135M shapes, random weights, 16 x 72 tokens, prompt
 48 in groups of 8; forward, backward, AdamW). For each `--remat` policy it compiles the step twice in one process,
 once with `kernels.dense_dot` replaced by the plain `lax.dot_general` (whose autodiff contracts the weight gradient
-over two leading axes), once as it is, then times all the steps round-robin (one of each per round, so a drift in
-the machine's speed reaches every row alike) and prints the medians, their ratio to the first row, and each step's
-loss and gradient norm (the forward is the same: equal losses; the gradients within f32 rounding).
+over two leading axes), once as it is, then times all the steps round-robin (`learner.bench._interleaved`) and
+prints the medians, their ratio to the first row, and each step's loss and gradient norm (the forward is the same:
+equal losses; the gradients within f32 rounding).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -30,13 +29,12 @@ def main() -> int:
 
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
-  import numpy as np  # noqa: PLC0415
   from jax import lax  # noqa: PLC0415
 
   from lrl_jax import kernels, models, quant  # noqa: PLC0415
   from lrl_jax.kernels import predecode  # noqa: PLC0415
   from lrl_jax.learner import LearnerConfig, create_train_state, train_step  # noqa: PLC0415
-  from lrl_jax.learner.bench import MODELS, _batch  # noqa: PLC0415
+  from lrl_jax.learner.bench import MODELS, _batch, _interleaved  # noqa: PLC0415
 
   mc = MODELS["smollm2"]
   roll = _batch(mc, 16, 72, 48, 8)
@@ -52,8 +50,7 @@ def main() -> int:
     jax.clear_caches()
     cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share, remat=remat, qat=qat)
     state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-    step = jax.jit(lambda s, r, cfg=cfg: train_step(s, r, model_cfg=mc, cfg=cfg)).lower(state, roll).compile()
-    return step, state
+    return train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile(), state
 
   try:
     runs = {}
@@ -62,27 +59,18 @@ def main() -> int:
       runs[f"after (dense_dot), remat {r}"] = build(after, r)
   finally:
     kernels.dense_dot = predecode.dense_dot = after
-  states, metrics, times = {}, {}, {k: [] for k in runs}
-  for k, (step, state) in runs.items():  # one untimed step each
-    states[k], metrics[k] = step(state, roll)
-    jax.block_until_ready(metrics[k])
-  for _ in range(args.repeats):
-    for k, (step, _) in runs.items():
-      t0 = time.perf_counter()
-      states[k], m = step(states[k], roll)
-      jax.block_until_ready(m)
-      times[k].append(time.perf_counter() - t0)
-  first = float(np.median(next(iter(times.values()))))
+    jax.clear_caches()
+  metrics = {}
+  med = _interleaved(runs, roll, args.repeats, first=metrics)
+  first = next(iter(med.values()))
   print(
     f"SmolLM2-135M shapes, 16 x 72 tokens, prompt {'shared' if args.share else 'not shared'}, {args.dtype}, "
     f"QAT {args.qat or 'off'}; {os.cpu_count()} cores; median of {args.repeats}, round-robin\n"
   )
   print("| step | s | vs the first row | loss | grad norm |\n|---|---|---|---|---|")
-  for k, ts in times.items():
-    med = float(np.median(ts))
+  for k, t in med.items():
     print(
-      f"| {k} | {med:.2f} | {med / first:.3f}x | {float(metrics[k]['loss']):.9g} | "
-      f"{float(metrics[k]['grad_norm']):.9g} |"
+      f"| {k} | {t:.2f} | {t / first:.3f}x | {float(metrics[k]['loss']):.9g} | {float(metrics[k]['grad_norm']):.9g} |"
     )
   return 0
 

@@ -203,14 +203,17 @@ def _per_matmul_operands():
     jax.clear_caches()
 
 
-def _interleaved(runs: dict, roll: Rollout, repeats: int) -> dict[str, float]:
+def _interleaved(runs: dict, roll: Rollout, repeats: int, first: dict | None = None) -> dict[str, float]:
   """Median seconds per step of each compiled step in `runs` ({label: (compiled, state)}), timed round-robin (one
-  step of each per round) so that a drift in the machine's speed reaches every row alike."""
+  step of each per round) so that a drift in the machine's speed reaches every row alike. `first`, if given, gets
+  each label's metrics of its first (untimed) step."""
   times = {k: [] for k in runs}
   states = {}
   for k, (c, st) in runs.items():  # a first step each, untimed
     states[k], m = c(st, roll)
     jax.block_until_ready(m)
+    if first is not None:
+      first[k] = m
   for _ in range(repeats):
     for k, (c, _) in runs.items():
       t = time.perf_counter()
