@@ -5,11 +5,13 @@ lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1
   nothing runs, nothing is allocated) and its matmul flops (`matmul_flops`, from the shapes), for the baseline (f32
   Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
   then all.
-lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--before]
+lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches 1] [--before [matmul | micro-batch]]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
-  process (median of `repeats`, timed round-robin, compile excluded), their ratio (`--before`: also each step with
-  its kernels fake-quantized at every matmul, as the learner did before it hoisted that out of the layer scan; its
-  bf16 row is the same step again, a control for the noise); the AOT `cost_analysis()` bytes accessed ratio
+  process (median of `repeats`, timed round-robin, compile excluded), their ratio (`--before matmul`: also each step
+  with its kernels fake-quantized at every matmul, as the learner did before it hoisted that out of the layer scan;
+  `--before micro-batch`: with `--micro-batches M`, each step fake-quantizing once per micro-batch forward, as it did
+  before it hoisted that out of the micro-batch loop; either's bf16 row is the same step again, a control for the
+  noise); the AOT `cost_analysis()` bytes accessed ratio
   QAT / bf16 (the proxy where no accelerator runs it); the weight sync (`rl.sync`) as a fraction of the step.
 lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
@@ -203,6 +205,20 @@ def _per_matmul_operands():
     jax.clear_caches()
 
 
+@contextlib.contextmanager
+def _per_forward_operands():
+  """Traces the learner with its QAT kernels fake-quantized once per micro-batch forward (the learner before
+  `learner.step._hoist_once`) for the before / after rows; trace caches cleared as `_per_matmul_operands` does."""
+  keep = decoder.hoist_qat_operands
+  jax.clear_caches()
+  decoder.hoist_qat_operands = lambda params, numerics, dtype: params
+  try:
+    yield
+  finally:
+    decoder.hoist_qat_operands = keep
+    jax.clear_caches()
+
+
 def _interleaved(runs: dict, roll: Rollout, repeats: int, first: dict | None = None) -> dict[str, float]:
   """Median seconds per step of each compiled step in `runs` ({label: (compiled, state)}), timed round-robin (one
   step of each per round) so that a drift in the machine's speed reaches every row alike. `first`, if given, gets
@@ -234,18 +250,24 @@ def qat(args) -> int:
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
   print(
     f"SmolLM2-135M shapes (random weights), GRPO step on {args.batch} x {args.seq} tokens (prompt {args.prompt}, "
-    f"groups of {args.group}), bf16 compute, {jax.default_backend()}, {os.cpu_count()} cores; median of "
-    f"{args.repeats}, steps timed round-robin, compile excluded",
+    f"groups of {args.group}), bf16 compute, {args.micro_batches} micro-batch(es), {jax.default_backend()}, "
+    f"{os.cpu_count()} cores; median of {args.repeats}, steps timed round-robin, compile excluded",
     flush=True,
   )
-  base_cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
+  base_cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", micro_batches=args.micro_batches)
   arms = {"bf16": base_cfg, **{f"{n} QAT": base_cfg.replace(qat=s) for n, s in QAT_FORMATS.items()}}
   runs, cost = {}, {}  # keyed by (arm, suffix)
-  variants = [(False, "")] + ([(True, " (per matmul, before)")] if args.before else [])
-  for per_matmul, suffix in variants:
+  if args.before == "micro-batch" and args.micro_batches < 2:
+    raise ValueError("--before micro-batch compares fake-quant per micro-batch: needs --micro-batches >= 2")
+  before = {
+    None: [],
+    "matmul": [(_per_matmul_operands, " (per matmul, before)")],
+    "micro-batch": [(_per_forward_operands, " (per micro-batch, before)")],
+  }[args.before]
+  for patch, suffix in [(contextlib.nullcontext, "")] + before:
     for name, cfg in arms.items():
       state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-      with _per_matmul_operands() if per_matmul else contextlib.nullcontext():
+      with patch():
         c = train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile()
       ca = c.cost_analysis()
       cost[name, suffix] = float((ca[0] if isinstance(ca, (list, tuple)) else ca).get("bytes accessed", float("nan")))
@@ -440,9 +462,14 @@ def main(argv=None) -> int:
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument(
     "--before",
-    action="store_true",
-    help="qat: also the steps with the kernels fake-quantized at every matmul (the learner before it hoisted that)",
+    nargs="?",
+    const="matmul",
+    choices=["matmul", "micro-batch"],
+    default=None,
+    help="qat: also the steps with the kernels fake-quantized at every matmul (matmul, the default) or once per "
+    "micro-batch forward (micro-batch, with --micro-batches), as the learner did before it hoisted each",
   )
+  ap.add_argument("--micro-batches", type=int, default=1, help="qat: learner.micro_batches of every step")
   ap.add_argument(
     "--only",
     nargs="+",

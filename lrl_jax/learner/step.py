@@ -53,6 +53,7 @@ from lrl_jax.models import (
   Lora,
   ModelConfig,
   Numerics,
+  decoder,
   forward_hidden,
   forward_hidden_grouped,
   logits_from_hidden,
@@ -405,6 +406,22 @@ def _micro_batches(batch: Rollout, m: int, cfg: LearnerConfig) -> tuple[Rollout,
   return jax.tree_util.tree_map(lambda x: _split(x, m, g), batch), g
 
 
+def _hoist_once(state: TrainState, trainable, mcfg: ModelConfig, cfg: LearnerConfig):
+  """(trainable, state, back) for a step of several micro-batches: the kernels QAT fake-quantizes once per forward
+  (`decoder.hoist_qat_operands`) fake-quantized once for the whole step instead, so M micro-batch forwards share one
+  pass. Full training: the trainable policy holds the operands, and back(g) takes a micro-batch's gradient on them
+  to the float kernels (the operands' straight-through vjp, per micro-batch: the same operations as the forward's own
+  hoisting, so the gradients are the same bits); LoRA: the frozen base in `state` holds them, back is the identity."""
+  if cfg.qat is None:
+    return trainable, state, lambda g: g
+  numerics = _numerics(cfg, cfg.qat_alpha(state.step), state.step)
+  hoist = lambda p: decoder.hoist_qat_operands(p, numerics, mcfg.compute_dtype)  # noqa: E731
+  if state.trainable != "full":
+    return trainable, state.replace(params=hoist(state.params)), lambda g: g
+  policy, vjp = jax.vjp(hoist, trainable["policy"])
+  return dict(trainable, policy=policy), state, lambda g: dict(g, policy=vjp(g["policy"])[0])
+
+
 def _check_micro(B: int, m: int):
   if B % m:
     raise ValueError(f"learner.micro_batches={m} must divide the batch size B={B}")
@@ -544,6 +561,11 @@ def prepare_rollout(
   M = cfg.micro_batches
   _check_micro(rollout.size, M)
   params, lora = _adapters(state, state.params if state.trainable == "full" else state.lora.params)
+  if M > 1:  # the micro-batches' forwards share one fake-quant pass of the QAT kernels (`_hoist_once`)
+    numerics = _numerics(cfg, cfg.qat_alpha(state.step), state.step)
+    params = decoder.hoist_qat_operands(params, numerics, mcfg.compute_dtype)
+    if ref_params is not None:
+      ref_params = decoder.hoist_qat_operands(ref_params, numerics, mcfg.compute_dtype)
   mult = cfg.value.delta_multiplier(state.step)
 
   def one(mb):
@@ -766,11 +788,14 @@ def train_step(
     mbs, g = _micro_batches(batch, M, cfg)
     w_mbs = None if weights is None else _split(weights, M, g)
     grad_fn = jax.value_and_grad(functools.partial(_micro_loss, fused=fused), has_aux=True)
+    # M > 1: fake-quantize the QAT kernels once for the step, not once per micro-batch forward.
+    hoisted, state_h, back = _hoist_once(state, trainable, mcfg, cfg) if M > 1 else (trainable, state, lambda g: g)
 
     def body(carry, xs):
       g_acc, l_acc = carry
       mb, w = xs
-      (loss, (metrics, sums, logp, corr)), g = grad_fn(trainable, state, mb, w, denom, mcfg, cfg, delta_mult)
+      (loss, (metrics, sums, logp, corr)), g = grad_fn(hoisted, state_h, mb, w, denom, mcfg, cfg, delta_mult)
+      g = back(g)
       g_acc = jax.tree_util.tree_map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
       return (g_acc, l_acc + loss), (metrics, sums, logp, corr)
 

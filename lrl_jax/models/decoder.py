@@ -544,11 +544,14 @@ def _qat_operand(w, spec):
   """The QAT operand of a stacked kernel w [.., K, N] in the compute dtype, as a `kernels.Predecoded`: ŵ =
   dequantize(quantize(w, spec, axis=-2), w.dtype) (NVFP4: e2m1 · s_b, its per-matrix `dec` applied after the K sum),
   the operand `quant.dot_general_for(spec)` and the sampler's predecoded path dot with: computed by Google AQT
-  where `dot_general_for` uses it (absmax INT4, FP8), else by `quant.quantize`. Straight-through."""
-  if isinstance(spec, quant.FP8) or (isinstance(spec, quant.Int4) and spec.scheme == "absmax"):
-    return kernels.Predecoded(w=lax.optimization_barrier(quant.aqt_fake_quant(w, spec, axis=-2)), dec=None, axis=-2)
-  q = lax.optimization_barrier(quant.quantize(w, spec, axis=-2))
-  return kernels.predecode(q, w.dtype)
+  where `dot_general_for` uses it (absmax INT4, FP8), else by `quant.quantize`. Straight-through. Its operations
+  carry the name scope "qat_operand" (how a test finds where a program fake-quantizes)."""
+  with jax.named_scope("qat_operand"):
+    if isinstance(spec, quant.FP8) or (isinstance(spec, quant.Int4) and spec.scheme == "absmax"):
+      w_hat = lax.optimization_barrier(quant.aqt_fake_quant(w, spec, axis=-2))
+      return kernels.Predecoded(w=w_hat, dec=None, axis=-2)
+    q = lax.optimization_barrier(quant.quantize(w, spec, axis=-2))
+    return kernels.predecode(q, w.dtype)
 
 
 def _qat_operand_fwd(w, spec):
@@ -587,6 +590,26 @@ def _hoist_operands(params, specs: dict, dtype):
       continue
     layers[group][proj] = dict(layers[group][proj], kernel=_qat_operand(w.astype(dtype), specs.pop(name)))
   return dict(params, layers=layers), specs
+
+
+def _forward_specs(params, numerics: Numerics) -> dict:
+  """The specs of a forward under `numerics` (`_qat_specs`, and 'alpha' while QAT fades in)."""
+  specs = _qat_specs(numerics.qat_rules, params, numerics.act_spec, numerics.key)
+  if numerics.qat_alpha is not None and numerics.qat_rules is not None:
+    specs["alpha"] = jnp.asarray(numerics.qat_alpha, jnp.float32)
+  return specs
+
+
+def hoist_qat_operands(params, numerics: Numerics | None, dtype):
+  """params with the layer kernels a forward under `numerics` would fake-quantize once (`_hoist_operands`) replaced
+  by their QAT operands (`kernels.Predecoded` in `dtype`, straight-through to the float kernels), so that several
+  forwards of one step share one fake-quant pass (the learner's micro-batches). A forward given these params skips
+  the pass and computes the same numbers bit for bit; its gradient reaches the float kernels through this
+  function's vjp. params unchanged (the same tree) where nothing is hoisted: no QAT, QAT fading in, learned scales,
+  NVFP4 W/A/G, quantized activations."""
+  if numerics is None or numerics.qat_rules is None:
+    return params
+  return _hoist_operands(params, _forward_specs(params, numerics), jnp.dtype(dtype))[0]
 
 
 def _layer_specs(specs: dict, i, num_layers: int, part: int = 0) -> dict:
@@ -698,7 +721,6 @@ def forward_hidden(
   Same arguments as `forward`.
   """
   numerics = Numerics() if numerics is None else numerics
-  qat_rules, act_spec, qat_alpha = numerics.qat_rules, numerics.act_spec, numerics.qat_alpha
   tokens_BT = jnp.asarray(tokens_BT)
   if tokens_BT.ndim != 2 or not jnp.issubdtype(tokens_BT.dtype, jnp.integer):
     raise ValueError(f"tokens_BT must be an integer array [B, T]; got {tokens_BT.dtype} {tokens_BT.shape}")
@@ -734,10 +756,7 @@ def forward_hidden(
   if positions_BT.shape != (B, T):
     raise ValueError(f"positions_BT shape {positions_BT.shape} != tokens_BT shape {(B, T)}")
 
-  specs = _qat_specs(qat_rules, params, act_spec, numerics.key)
-  if qat_alpha is not None and qat_rules is not None:
-    specs["alpha"] = jnp.asarray(qat_alpha, jnp.float32)
-  params, specs = _hoist_operands(params, specs, dt)
+  params, specs = _hoist_operands(params, _forward_specs(params, numerics), dt)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
 
   x = jnp.take(params["embed"]["embedding"], tokens_BT, axis=0, mode="clip").astype(dt)
@@ -841,10 +860,7 @@ def forward_hidden_grouped(
   for name, x in (("valid_BT", valid_BT), ("positions_BT", positions_BT)):
     if x.shape != (B, T):
       raise ValueError(f"forward_hidden_grouped: {name} shape {x.shape} != tokens_BT shape {(B, T)}")
-  specs = _qat_specs(numerics.qat_rules, params, numerics.act_spec, numerics.key)
-  if numerics.qat_alpha is not None and numerics.qat_rules is not None:
-    specs["alpha"] = jnp.asarray(numerics.qat_alpha, jnp.float32)
-  params, specs = _hoist_operands(params, specs, dt)
+  params, specs = _hoist_operands(params, _forward_specs(params, numerics), dt)
   lora_params, lora_scale = (None, 0.0) if lora is None else (lora.layer_params(), lora.scale)
 
   first = lambda x: x[::G, :P]  # the prompt of each group: its first row's slots [0, P)

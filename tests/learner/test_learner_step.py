@@ -2,6 +2,7 @@
 NaN guard, LoRA-only, value head, ACRL state, config validation."""
 
 import jax
+import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -414,3 +415,71 @@ def test_correction_without_old_logp_uses_the_steps_own_forward(method):
   assert keys
   for k in keys:
     assert float(m_fused[k]) == pytest.approx(float(m_given[k]), rel=1e-5, abs=1e-7), k
+
+
+def _count_scoped(jaxpr, scope: str) -> int:
+  """How many equations of a jaxpr (sub-jaxprs included: scan bodies, custom_vjp calls) run in the name scope
+  `scope` (`jax.named_scope`)."""
+  n = 0
+  for eqn in jaxpr.eqns:
+    n += scope in str(eqn.source_info.name_stack).split("/")
+    for sub in jex.core.jaxprs_in_params(eqn.params):
+      n += _count_scoped(sub, scope)
+  return n
+
+
+def _micro_scan(jaxpr, length: int):
+  """The outermost scan of `length` steps in a step's jaxpr (the micro-batch loop)."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan" and eqn.params["length"] == length:
+      return eqn.params["jaxpr"].jaxpr
+    for sub in jex.core.jaxprs_in_params(eqn.params):
+      found = _micro_scan(sub, length)
+      if found is not None:
+        return found
+  return None
+
+
+@pytest.mark.parametrize(
+  "spec, trainable",
+  [
+    (quant.Int4(group_size=32), "full"),
+    pytest.param(quant.NVFP4(), "full", marks=pytest.mark.slow),
+    pytest.param(quant.Int4(group_size=32), "lora", marks=pytest.mark.slow),
+  ],
+)
+def test_qat_micro_batches_fake_quantize_once_per_step(monkeypatch, spec, trainable):
+  """With M = 4 micro-batches the QAT kernels are fake-quantized once for the step, outside the micro-batch loop,
+  and the step equals, bit for bit, the step whose every micro-batch forward
+  fake-quantizes for itself (the forward's own hoisting; same operations per micro-batch, so same bits); so do
+  `prepare_rollout`'s π_old (and π_ref) forwards over the micro-batches."""
+  lora = None if trainable == "full" else models.LoraConfig(rank=4)
+  M = 4  # != the model's 2 layers: the micro-batch loop is the scan of M steps
+  cfg = CFG.replace(compute_dtype="bfloat16", qat=spec, micro_batches=M, correction=L.CorrectionConfig(), lora=lora)
+  state = _state(cfg)
+  batch = make_batch(3, MC, state.params)
+
+  def run():
+    # fresh traces each call; π_old and π_ref (prepare_rollout's forwards, also per micro-batch) and the step
+    prep = jax.jit(lambda s, b, r: L.prepare_rollout.__wrapped__(s, b, r, model_cfg=MC, cfg=cfg, with_old_logp=True))
+    step = jax.jit(lambda s, b: L.train_step.__wrapped__(s, b, model_cfg=MC, cfg=cfg))
+    ref = state.params if trainable == "full" else None
+    fresh = batch.replace(old_logp=None)
+    jaxprs = [jax.make_jaxpr(prep)(state, fresh, ref).jaxpr, jax.make_jaxpr(step)(state, batch).jaxpr]
+    prepared, _ = prep(state, fresh, ref)
+    new, m = step(jax.tree_util.tree_map(jnp.copy, state), batch)
+    m = dict(host(m), old_logp=np.asarray(prepared.old_logp), ref_logp=np.asarray(prepared.ref_logp))
+    return jaxprs, host(new.params if trainable == "full" else new.lora.params), m
+
+  jaxprs_once, p_once, m_once = run()
+  monkeypatch.setattr(models.decoder, "hoist_qat_operands", lambda params, numerics, dtype: params)
+  jaxprs_each, p_each, m_each = run()
+  # decoder._qat_operand runs in the name scope "qat_operand": inside the loop per forward, before it per step.
+  for once, each in zip(jaxprs_once, jaxprs_each, strict=True):
+    assert _count_scoped(_micro_scan(each, M), "qat_operand") > 0
+    assert _count_scoped(_micro_scan(once, M), "qat_operand") == 0 < _count_scoped(once, "qat_operand")
+  assert m_once.keys() == m_each.keys()
+  for k in m_once:
+    np.testing.assert_array_equal(m_once[k], m_each[k], err_msg=k)
+  for a, b in zip(jax.tree_util.tree_leaves(p_once), jax.tree_util.tree_leaves(p_each), strict=True):
+    np.testing.assert_array_equal(a, b)
