@@ -574,7 +574,8 @@ def _hoist_operands(params, specs: dict, dtype):
   """(params, specs) with each float layer kernel that QAT selects fake-quantized once for the whole forward, outside
   the layer scan (a `kernels.Predecoded` of the stacked [L, K, N] kernel cast to the compute dtype, `_qat_operand`),
   instead of at every matmul inside it: the grouped forward runs two matmuls per kernel and layer, and NVFP4's
-  backward quantized once more. The same operand and the same dot as `quant.dot_general_for(spec)`, so the forward's
+  backward quantized once more. A float kernel QAT does not select, in another dtype than the compute dtype (f32
+  masters, bf16 compute), is cast once the same way (a `Predecoded` of the cast stack: the same operand and dot). The same operand and the same dot as `quant.dot_general_for(spec)`, so the forward's
   numbers do not change (tested bit for bit). The gradients of a kernel's matmuls within one forward now add in the
   compute dtype, on the operand, before reaching the f32 master (as a cached autocast weight's do in torch): one
   more rounding (2^-9 relative in bf16) where a forward uses a kernel twice (the grouped forward's prompt and
@@ -586,7 +587,13 @@ def _hoist_operands(params, specs: dict, dtype):
   for name in _LAYER_KERNELS:
     group, proj = name.split("/")
     w, spec = layers[group][proj]["kernel"], specs.get(name)
-    if spec is None or not _hoistable(spec) or isinstance(w, (quant.QArray, kernels.Predecoded)):
+    if isinstance(w, (quant.QArray, kernels.Predecoded)):
+      continue
+    if spec is None:  # a float kernel: cast to the compute dtype once for the forward, not at each matmul
+      if w.dtype != dtype:
+        layers[group][proj] = dict(layers[group][proj], kernel=kernels.Predecoded(w=w.astype(dtype), dec=None))
+      continue
+    if not _hoistable(spec):
       continue
     layers[group][proj] = dict(layers[group][proj], kernel=_qat_operand(w.astype(dtype), specs.pop(name)))
   return dict(params, layers=layers), specs

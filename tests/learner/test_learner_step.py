@@ -465,9 +465,10 @@ def test_qat_micro_batches_fake_quantize_once_per_step(monkeypatch, spec, traina
     step = jax.jit(lambda s, b: L.train_step.__wrapped__(s, b, model_cfg=MC, cfg=cfg))
     ref = state.params if trainable == "full" else None
     fresh = batch.replace(old_logp=None)
-    jaxprs = [jax.make_jaxpr(prep)(state, fresh, ref).jaxpr, jax.make_jaxpr(step)(state, batch).jaxpr]
-    prepared, _ = prep(state, fresh, ref)
-    new, m = step(jax.tree_util.tree_map(jnp.copy, state), batch)
+    traced = [prep.trace(state, fresh, ref), step.trace(state, batch)]  # traced once: their jaxprs, then compiled
+    jaxprs = [t.jaxpr.jaxpr for t in traced]
+    prepared, _ = traced[0].lower().compile()(state, fresh, ref)
+    new, m = traced[1].lower().compile()(jax.tree_util.tree_map(jnp.copy, state), batch)
     m = dict(host(m), old_logp=np.asarray(prepared.old_logp), ref_logp=np.asarray(prepared.ref_logp))
     return jaxprs, host(new.params if trainable == "full" else new.lora.params), m
 

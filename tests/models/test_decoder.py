@@ -394,8 +394,9 @@ def test_to_hf_is_read_by_transformers():
     pytest.param(quant.Int4(group_size=32, scheme="minmax"), marks=pytest.mark.slow),
     pytest.param(quant.FP8(), marks=pytest.mark.slow),
     quant.NVFP4(),
+    None,  # no QAT: the f32 kernels cast to bf16 once per forward
   ],
-  ids=lambda s: s.name + ("_minmax" if getattr(s, "scheme", "") == "minmax" else ""),
+  ids=lambda s: "bf16_cast" if s is None else s.name + ("_minmax" if getattr(s, "scheme", "") == "minmax" else ""),
 )
 def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
   """QAT fake-quantizes each stacked layer kernel once per forward, outside the layer scan
@@ -407,13 +408,14 @@ def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
   NVFP4's backward changed: the per-matmul one multiplied by ŵ = e2m1 · s_b · dec rounded to the compute dtype, the
   operand's multiplies by e2m1 · s_b exactly and by dec in f32 (the forward's own factors). In bf16 the two differ by
   those roundings compounded through the layers (about 1% norm-wise); in f32, checked here, by f32 roundings only
-  (2^-24 per operation, a few hundred along any path): 2^-16 norm-wise is far above that."""
+  (2^-24 per operation, a few hundred along any path): 2^-16 norm-wise is far above that. Without QAT (spec None)
+  the f32 kernels are cast to bf16 once per forward the same way: the same bits as INT4 / FP8 above."""
   from lrl_jax.models import decoder  # noqa: PLC0415
 
   nvfp4 = isinstance(spec, quant.NVFP4)
   cfg = tiny_cfg("qwen2", dtype="float32" if nvfp4 else "bfloat16")
   params = random_params(cfg, seed=21)
-  num = models.Numerics(qat_rules=quant.QuantRules.default(spec))
+  num = models.Numerics(qat_rules=None if spec is None else quant.QuantRules.default(spec))
   rng = np.random.default_rng(22)
   tokens = np.repeat(rng.integers(0, cfg.vocab_size, (2, 8)), 2, axis=0)
   tokens[:, 5:] = rng.integers(0, cfg.vocab_size, (4, 3))
@@ -427,6 +429,9 @@ def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
     out = [jax.jit(jax.value_and_grad(f, has_aux=True))(params) for f in (plain, grouped)]
     return [jax.tree_util.tree_map(np.asarray, (h, g)) for (_, h), g in out]
 
+  if spec is None:  # the f32 masters are cast: the hoisting is not a no-op here
+    cast = decoder._hoist_operands(params, {}, jnp.dtype(cfg.dtype))[0]["layers"]["mlp"]["up_proj"]["kernel"]
+    assert params["layers"]["mlp"]["up_proj"]["kernel"].dtype == jnp.float32 and cast.w.dtype == jnp.bfloat16
   hoisted = run()
   monkeypatch.setattr(decoder, "_hoist_operands", lambda p, s, dt: (p, s))
   per_matmul = run()
