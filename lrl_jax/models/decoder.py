@@ -574,12 +574,14 @@ def _hoist_operands(params, specs: dict, dtype):
   """(params, specs) with each float layer kernel that QAT selects fake-quantized once for the whole forward, outside
   the layer scan (a `kernels.Predecoded` of the stacked [L, K, N] kernel cast to the compute dtype, `_qat_operand`),
   instead of at every matmul inside it: the grouped forward runs two matmuls per kernel and layer, and NVFP4's
-  backward quantized once more. A float kernel QAT does not select, in another dtype than the compute dtype (f32
-  masters, bf16 compute), is cast once the same way (a `Predecoded` of the cast stack: the same operand and dot). The same operand and the same dot as `quant.dot_general_for(spec)`, so the forward's
-  numbers do not change (tested bit for bit). The gradients of a kernel's matmuls within one forward now add in the
-  compute dtype, on the operand, before reaching the f32 master (as a cached autocast weight's do in torch): one
+  backward quantized once more. The same operand and the same dot as `quant.dot_general_for(spec)`, so the forward's
+  numbers do not change (tested bit for bit). A float kernel that QAT does not select, in another dtype than the
+  compute dtype (f32 masters, bf16 compute), is cast to it once the same way (a `Predecoded` of the cast stack: the
+  same operand and dot as the cast at each matmul). The gradients of a kernel's matmuls within one forward now add in
+  the compute dtype, on the operand, before reaching the f32 master (as a cached autocast weight's do in torch): one
   more rounding (2^-9 relative in bf16) where a forward uses a kernel twice (the grouped forward's prompt and
-  completions). Kept per matmul: QAT fading in (`qat_alpha`), learned scales, NVFP4 W/A/G, quantized activations."""
+  completions). Kept per matmul (nothing hoisted): QAT fading in (`qat_alpha`), NVFP4 W/A/G, quantized activations;
+  and learned scales' kernels."""
   if "alpha" in specs or "act" in specs or "key" in specs:
     return params, specs
   layers = jax.tree_util.tree_map(lambda x: x, params["layers"], is_leaf=lambda x: not isinstance(x, dict))
