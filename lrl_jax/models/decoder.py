@@ -610,8 +610,8 @@ def _forward_specs(params, numerics: Numerics) -> dict:
 
 
 def hoist_qat_operands(params, numerics: Numerics | None, dtype):
-  """params with the layer kernels a forward under `numerics` would fake-quantize once (`_hoist_operands`) replaced
-  by their QAT operands (`kernels.Predecoded` in `dtype`, straight-through to the float kernels), so that several
+  """params with the layer kernels a forward under `numerics` would fake-quantize (or cast) once (`_hoist_operands`)
+  replaced by their operands (`kernels.Predecoded` in `dtype`, straight-through to the float kernels), so that several
   forwards of one step share one fake-quant pass (the learner's micro-batches). A forward given these params skips
   the pass and computes the same numbers bit for bit; its gradient reaches the float kernels through this
   function's vjp. params unchanged (the same tree) where nothing is hoisted: no QAT, QAT fading in, learned scales,
