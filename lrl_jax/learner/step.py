@@ -406,16 +406,21 @@ def _micro_batches(batch: Rollout, m: int, cfg: LearnerConfig) -> tuple[Rollout,
   return jax.tree_util.tree_map(lambda x: _split(x, m, g), batch), g
 
 
+def _hoisted(params, mcfg: ModelConfig, cfg: LearnerConfig, step):
+  """`decoder.hoist_qat_operands` of params under the learner's numerics at `step` (those of `_policy`)."""
+  return decoder.hoist_qat_operands(params, _numerics(cfg, cfg.qat_alpha(step), step), mcfg.compute_dtype)
+
+
 def _hoist_once(state: TrainState, trainable, mcfg: ModelConfig, cfg: LearnerConfig):
-  """(trainable, state, back) for a step of several micro-batches: the kernels QAT fake-quantizes once per forward
-  (`decoder.hoist_qat_operands`) fake-quantized once for the whole step instead, so M micro-batch forwards share one
-  pass. Full training: the trainable policy holds the operands, and back(g) takes a micro-batch's gradient on them
-  to the float kernels (the operands' straight-through vjp, per micro-batch: the same operations as the forward's own
-  hoisting, so the gradients are the same bits); LoRA: the frozen base in `state` holds them, back is the identity."""
-  if cfg.qat is None:
+  """(trainable, state, back) for the step's micro-batches: with M > 1, the kernels QAT fake-quantizes once per
+  forward (`decoder.hoist_qat_operands`) fake-quantized once for the whole step instead, so the M micro-batch forwards
+  share one pass. Full training: the trainable policy holds the operands, and back(g) takes a micro-batch's gradient
+  on them to the float kernels (the operands' straight-through vjp, per micro-batch: the same operations as the
+  forward's own hoisting, so the gradients are the same bits); LoRA: the frozen base in `state` holds them, back is
+  the identity. M = 1 or no QAT: everything as given."""
+  if cfg.qat is None or cfg.micro_batches == 1:
     return trainable, state, lambda g: g
-  numerics = _numerics(cfg, cfg.qat_alpha(state.step), state.step)
-  hoist = lambda p: decoder.hoist_qat_operands(p, numerics, mcfg.compute_dtype)  # noqa: E731
+  hoist = lambda p: _hoisted(p, mcfg, cfg, state.step)  # noqa: E731
   if state.trainable != "full":
     return trainable, state.replace(params=hoist(state.params)), lambda g: g
   policy, vjp = jax.vjp(hoist, trainable["policy"])
@@ -562,10 +567,9 @@ def prepare_rollout(
   _check_micro(rollout.size, M)
   params, lora = _adapters(state, state.params if state.trainable == "full" else state.lora.params)
   if M > 1:  # the micro-batches' forwards share one fake-quant pass of the QAT kernels (`_hoist_once`)
-    numerics = _numerics(cfg, cfg.qat_alpha(state.step), state.step)
-    params = decoder.hoist_qat_operands(params, numerics, mcfg.compute_dtype)
+    params = _hoisted(params, mcfg, cfg, state.step)
     if ref_params is not None:
-      ref_params = decoder.hoist_qat_operands(ref_params, numerics, mcfg.compute_dtype)
+      ref_params = _hoisted(ref_params, mcfg, cfg, state.step)
   mult = cfg.value.delta_multiplier(state.step)
 
   def one(mb):
@@ -789,7 +793,7 @@ def train_step(
     w_mbs = None if weights is None else _split(weights, M, g)
     grad_fn = jax.value_and_grad(functools.partial(_micro_loss, fused=fused), has_aux=True)
     # M > 1: fake-quantize the QAT kernels once for the step, not once per micro-batch forward.
-    hoisted, state_h, back = _hoist_once(state, trainable, mcfg, cfg) if M > 1 else (trainable, state, lambda g: g)
+    hoisted, state_h, back = _hoist_once(state, trainable, mcfg, cfg)
 
     def body(carry, xs):
       g_acc, l_acc = carry
