@@ -13,6 +13,7 @@ equal losses; the gradients within f32 rounding).
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,34 +33,31 @@ def main() -> int:
   from jax import lax  # noqa: PLC0415
 
   from lrl_jax import kernels, models, quant  # noqa: PLC0415
-  from lrl_jax.kernels import predecode  # noqa: PLC0415
+
+  # the module (`lrl_jax.kernels.predecode` as an attribute is the function `predecode`): its `predecoded_dot`, the
+  # dot of the hoisted QAT operands and of the bf16 cast of f32 kernels, calls the module's own `dense_dot`
+  predecode = importlib.import_module("lrl_jax.kernels.predecode")
   from lrl_jax.learner import LearnerConfig, create_train_state, train_step  # noqa: PLC0415
-  from lrl_jax.learner.bench import MODELS, _batch, _interleaved  # noqa: PLC0415
+  from lrl_jax.learner.bench import MODELS, _batch, _interleaved, _traced_with  # noqa: PLC0415
 
   mc = MODELS["smollm2"]
   roll = _batch(mc, 16, 72, 48, 8)
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
   qat = {None: None, "int4": quant.Int4(group_size=64), "nvfp4": quant.NVFP4()}[args.qat]
-  after = kernels.dense_dot
 
   def before(x, w, k_axis=0):
     return lax.dot_general(x, w, (((x.ndim - 1,), (k_axis,)), ((), ())), preferred_element_type=jnp.float32)
 
-  def build(dot, remat):
-    kernels.dense_dot = predecode.dense_dot = dot  # read when the step is traced
-    jax.clear_caches()
+  def build(remat):
     cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share, remat=remat, qat=qat)
     state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
     return train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile(), state
 
-  try:
-    runs = {}
-    for r in args.remat:
-      runs[f"before, remat {r}"] = build(before, r)
-      runs[f"after (dense_dot), remat {r}"] = build(after, r)
-  finally:
-    kernels.dense_dot = predecode.dense_dot = after
-    jax.clear_caches()
+  runs = {}
+  for r in args.remat:
+    with _traced_with("dense_dot", before, kernels, predecode):  # read when the step is traced
+      runs[f"before, remat {r}"] = build(r)
+    runs[f"after (dense_dot), remat {r}"] = build(r)
   metrics = {}
   med = _interleaved(runs, roll, args.repeats, first=metrics)
   first = next(iter(med.values()))

@@ -191,32 +191,32 @@ def _round_robin(steps: dict, repeats: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
+def _traced_with(name: str, value, *owners):
+  """Traces with `owner.<name>` replaced by `value` in every module of `owners` (the learner as it was before a
+  change, for before / after rows). jax's trace caches are cleared on the way in and out, so neither variant reuses
+  the other's trace of the same arguments."""
+  keep = [getattr(o, name) for o in owners]
+  jax.clear_caches()
+  for o in owners:
+    setattr(o, name, value)
+  try:
+    yield
+  finally:
+    for o, k in zip(owners, keep, strict=True):
+      setattr(o, name, k)
+    jax.clear_caches()
+
+
 def _per_matmul_operands():
-  """Traces the decoder with its layer kernels fake-quantized at every matmul inside the layer scan (the learner
-  before `decoder._hoist_operands`), for the before / after rows. jax's trace caches are cleared on the way in and
-  out, so neither variant reuses the other's trace of the same arguments."""
-  keep = decoder._hoist_operands
-  jax.clear_caches()
-  decoder._hoist_operands = lambda params, specs, dtype: (params, specs)
-  try:
-    yield
-  finally:
-    decoder._hoist_operands = keep
-    jax.clear_caches()
+  """The decoder with its layer kernels fake-quantized (or cast) at every matmul inside the layer scan (the learner
+  before `decoder._hoist_operands`)."""
+  return _traced_with("_hoist_operands", lambda params, specs, dtype: (params, specs), decoder)
 
 
-@contextlib.contextmanager
 def _per_forward_operands():
-  """Traces the learner with its QAT kernels fake-quantized once per micro-batch forward (the learner before
-  `learner.step._hoist_once`) for the before / after rows; trace caches cleared as `_per_matmul_operands` does."""
-  keep = decoder.hoist_qat_operands
-  jax.clear_caches()
-  decoder.hoist_qat_operands = lambda params, numerics, dtype: params
-  try:
-    yield
-  finally:
-    decoder.hoist_qat_operands = keep
-    jax.clear_caches()
+  """The learner with its QAT kernels fake-quantized once per micro-batch forward (the learner before
+  `learner.step._hoist_once`)."""
+  return _traced_with("hoist_qat_operands", lambda params, numerics, dtype: params, decoder)
 
 
 def _interleaved(runs: dict, roll: Rollout, repeats: int, first: dict | None = None) -> dict[str, float]:
