@@ -49,7 +49,7 @@ if os.environ.get("LRL_JAX_REQUIRE_AOT") != "1":
   if importlib.util.find_spec("triton") is None:
     collect_ignore.append("kernels/test_aot_triton.py")
   if importlib.util.find_spec("libtpu") is None:
-    collect_ignore.append("kernels/test_aot_tpu.py")
+    collect_ignore += ["kernels/test_aot_tpu.py", "learner/test_aot_tpu_step.py"]
 # Compiled-kernel tests need a GPU / TPU: collected only when asked for (scripts/device_check.sh sets
 # LRL_JAX_REQUIRE_DEVICE=1; there a CPU-only backend is an error, not a skip).
 if os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1":

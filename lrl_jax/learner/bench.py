@@ -13,6 +13,11 @@ lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches
   before it hoisted that out of the micro-batch loop; either's bf16 row is the same step again, a control for the
   noise); the AOT `cost_analysis()` bytes accessed ratio
   QAT / bf16 (the proxy where no accelerator runs it); the weight sync (`rl.sync`) as a fraction of the step.
+lrl-jax bench learner aot [--tpu v5p:2x2x1] [--batch 16] [--seq 72] [--all-techniques]
+  the bf16 and the INT4 / NVFP4 / FP8 QAT steps (SmolLM2-135M shapes) compiled for one chip of a TPU slice that is
+  not here (libtpu, as `make test-aot` installs it; nothing runs): peak bytes (`memory_analysis()`) and, of the same
+  step with its layer scan unrolled (`cost_analysis()` counts a loop body once), bytes accessed and flops. The
+  bytes-accessed ratio QAT / bf16 is the accelerator proxy of the QAT cost where no accelerator is lent.
 lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it), tokens trained per second, and
@@ -38,7 +43,7 @@ from lrl_jax.learner.step import train_step
 from lrl_jax.models import decoder
 from lrl_jax.rollout import Rollout
 
-__all__ = ["MODELS", "abstract_rollout", "step_memory", "matmul_flops", "main"]
+__all__ = ["MODELS", "abstract_rollout", "step_memory", "tpu_chip", "matmul_flops", "main"]
 
 MODELS = {"smollm2": models.SMOLLM2_135M, "qwen2.5-7b": models.QWEN2_5_7B}
 
@@ -67,16 +72,51 @@ def abstract_rollout(batch: int, seq: int, prompt: int, group: int) -> Rollout:
   )
 
 
-def _compiled_step(model_cfg, cfg: LearnerConfig, rollout):
+def _placed(tree, sharding):
+  """ShapeDtypeStructs of `tree`'s arrays, on `sharding` (None: as they are)."""
+  if sharding is None:
+    return tree
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
+
+
+def _compiled_step(model_cfg, cfg: LearnerConfig, rollout, sharding=None):
   state = jax.eval_shape(lambda k: create_train_state(k, model_cfg, cfg), jax.ShapeDtypeStruct((2,), jnp.uint32))
+  state, rollout = _placed(state, sharding), _placed(rollout, sharding)
   return train_step.lower(state, rollout, model_cfg=model_cfg, cfg=cfg).compile()
 
 
-def step_memory(model_cfg, cfg: LearnerConfig, rollout) -> dict[str, float]:
+def tpu_chip(topology: str) -> jax.sharding.NamedSharding:
+  """One chip of a TPU slice that jax describes without having it (`kernels.tpu_aot.topology`; needs libtpu, the
+  `aot` extra's `make test-aot` puts it on the path): a step placed there is compiled by XLA:TPU, and runs nowhere."""
+  from lrl_jax.kernels.tpu_aot import topology as describe  # noqa: PLC0415  (libtpu only here)
+
+  mesh = jax.sharding.Mesh(np.array(describe(topology).devices[:1]), ("chip",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+class _UnrolledLax:
+  """`jax.lax` with `scan` unrolled whole. Put in place of the decoder's `lax` (`_traced_with("lax", ...)`), the layer
+  scan becomes straight-line code, so that `cost_analysis()`, which counts a loop body once, counts every layer."""
+
+  def __getattr__(self, name):
+    return getattr(jax.lax, name)
+
+  @staticmethod
+  def scan(*args, **kwargs):
+    return jax.lax.scan(*args, **{**kwargs, "unroll": True})
+
+
+def step_memory(model_cfg, cfg: LearnerConfig, rollout, *, sharding=None, unroll: bool = False) -> dict[str, float]:
   """{"peak_bytes", "argument_bytes", "temp_bytes", "flops", "bytes_accessed"} of the compiled train step.
 
-  peak = arguments + temporaries + outputs − aliased (the donated state is aliased with the new one)."""
-  c = _compiled_step(model_cfg, cfg, rollout)
+  peak = arguments + temporaries + outputs − aliased (the donated state is aliased with the new one).
+  sharding: compile for its devices (`tpu_chip`) instead of this backend's. unroll: the decoder's layer scan
+  unrolled (its flops and bytes then count every layer; the memory is that program's, not the scan's)."""
+  if unroll:
+    with _traced_with("lax", _UnrolledLax(), decoder):
+      c = _compiled_step(model_cfg, cfg, rollout, sharding)
+  else:
+    c = _compiled_step(model_cfg, cfg, rollout, sharding)
   m = c.memory_analysis()
   cost = c.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -296,6 +336,39 @@ def qat(args) -> int:
   return 0
 
 
+def aot_tpu(args) -> int:
+  """The bf16 and QAT steps compiled for one chip of a TPU slice (nothing runs): the scan program's peak, and the
+  bytes accessed and flops of the same step with its layer scan unrolled (what `cost_analysis()` counts in full)."""
+  mc = MODELS["smollm2"]
+  chip = tpu_chip(args.tpu)
+  roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)
+  kw = TECHNIQUES["all: fp8 moments + full remat + chunks"] if args.all_techniques else {}
+  base = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
+  arms = {"bf16": base, **{f"{n} QAT": base.replace(qat=s) for n, s in QAT_FORMATS.items()}}
+  flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, remat=base.remat)
+  print(
+    f"SmolLM2-135M GRPO step, {args.batch} x {args.seq} tokens (prompt {args.prompt}, groups of {args.group}), bf16 "
+    f"compute, {'all three memory techniques' if args.all_techniques else 'f32 Adam, no remat, logits whole'}; "
+    f"compiled for one chip of TPU {args.tpu} (XLA:TPU, nothing runs); bytes and flops of the layer-unrolled step; "
+    f"matmul flops from the shapes {flops / 1e12:.3f} T",
+    flush=True,
+  )
+  print("\n| learner | peak GiB | vs bf16 | bytes accessed GB | vs bf16 | flops T | vs the shapes' matmul flops |")
+  print("|---|---|---|---|---|---|---|")
+  rows = {}
+  for name, cfg in arms.items():
+    m = step_memory(mc, cfg, roll, sharding=chip)
+    u = step_memory(mc, cfg, roll, sharding=chip, unroll=True)
+    rows[name] = (m["peak_bytes"], u["bytes_accessed"])
+    peak, acc = rows[name]
+    print(
+      f"| {name} | {peak / 2**30:.2f} | {peak / rows['bf16'][0]:.2f}x | {acc / 1e9:.2f} | {acc / rows['bf16'][1]:.2f}x "
+      f"| {u['flops'] / 1e12:.3f} | {u['flops'] / flops:.2f}x |",
+      flush=True,
+    )
+  return 0
+
+
 def _best_time(f, *args, repeats: int) -> float:
   """Seconds of the fastest of `repeats` calls of f(*args) (after one untimed call: the compile)."""
   jax.block_until_ready(f(*args))
@@ -453,7 +526,7 @@ def torch_peer(args) -> int:
 def main(argv=None) -> int:
   """`lrl-jax bench learner memory | qat | torch [...]` (module docstring)."""
   ap = argparse.ArgumentParser(prog="lrl-jax bench learner", description=__doc__.split("\n\n")[0])
-  ap.add_argument("what", choices=["memory", "qat", "torch"])
+  ap.add_argument("what", choices=["memory", "qat", "torch", "aot"])
   ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
   ap.add_argument("--batch", type=int, default=None, help="completions per step (memory: 64; qat / torch: 16)")
   ap.add_argument("--seq", type=int, default=None, help="tokens per completion row (memory: 1024; qat / torch: 72)")
@@ -477,13 +550,17 @@ def main(argv=None) -> int:
     metavar="WORD",
     help="memory: only the techniques whose label contains one of these words (the baseline always runs)",
   )
+  ap.add_argument("--tpu", default="v5p:2x2x1", help="aot: the TPU slice to compile for (one chip of it)")
+  ap.add_argument(
+    "--all-techniques", action="store_true", help="aot: fp8 moments, full remat and logit chunks (else the baseline)"
+  )
   ap.add_argument("--verbose", action="store_true")
   args = ap.parse_args(argv)
   big = args.what == "memory"
   args.batch = args.batch or (64 if big else 16)
   args.seq = args.seq or (1024 if big else 72)
   args.prompt = args.prompt or (256 if big else 48)
-  return {"memory": memory, "qat": qat, "torch": torch_peer}[args.what](args)
+  return {"memory": memory, "qat": qat, "torch": torch_peer, "aot": aot_tpu}[args.what](args)
 
 
 if __name__ == "__main__":
