@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     choices=["kernels", "sampler", "learner", "sync"],
     help="kernels: low-bit matmuls vs bf16 (`lrl-jax bench kernels --quick`); sampler: SmolLM2 rollouts, this "
     "sampler vs transformers, every format (`lrl-jax bench sampler --batches 16 64`); learner: memory / QAT cost / "
-    "torch (`lrl-jax bench learner memory`); sync: the learner -> sampler weight transfer per format, "
-    "disaggregated and colocated (`lrl-jax bench sync`). Each takes --help.",
+    "torch / a TPU target's AOT compile (`lrl-jax bench learner memory`); sync: the learner -> sampler weight "
+    "transfer per format, disaggregated and colocated (`lrl-jax bench sync`). Each takes --help.",
   )
   args, rest = parser.parse_known_args(argv)
   if args.command == "numerics":
