@@ -29,7 +29,7 @@ from lrl_jax import quant
 from lrl_jax.kernels.blocks import BlockConfig, Plan, plan
 from lrl_jax.kernels.matmul import pallas_matmul
 
-__all__ = ["TOPOLOGIES", "TpuReport", "compile_kernel", "topology", "main"]
+__all__ = ["TOPOLOGIES", "TpuReport", "chip", "compile_kernel", "topology", "main"]
 
 # One small slice per generation that jax's topology parser accepts on a host without TPUs.
 TOPOLOGIES = ("v4:2x2x1", "v5e:2x2", "v5p:2x2x1", "v6e:2x2")
@@ -82,6 +82,12 @@ def topology(name: str):
   return _TOPOS[name]
 
 
+def chip(name: str) -> jax.sharding.NamedSharding:
+  """One chip of the TPU slice `name`, as a sharding: what is placed there (ShapeDtypeStructs) compiles for it."""
+  mesh = jax.sharding.Mesh(np.array(topology(name).devices[:1]), ("chip",))
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
 def compile_kernel(
   spec: quant.Spec,
   k: int,
@@ -93,9 +99,7 @@ def compile_kernel(
   x_dtype=jnp.bfloat16,
 ) -> TpuReport:
   """Compiles `pallas_matmul(x [m, k], spec-quantized [k, n], target="tpu")` for one chip of the topology."""
-  topo = topology(topology_name)
-  mesh = jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",))
-  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rep = chip(topology_name)
   q = jax.eval_shape(lambda w: quant.quantize(w, spec, axis=-2), jax.ShapeDtypeStruct((k, n), jnp.float32))
   q = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), q)
   x = jax.ShapeDtypeStruct((m, k), x_dtype, sharding=rep)

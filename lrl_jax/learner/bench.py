@@ -43,7 +43,7 @@ from lrl_jax.learner.step import train_step
 from lrl_jax.models import decoder
 from lrl_jax.rollout import Rollout
 
-__all__ = ["MODELS", "abstract_rollout", "step_memory", "tpu_chip", "matmul_flops", "main"]
+__all__ = ["MODELS", "abstract_rollout", "step_memory", "matmul_flops", "main"]
 
 MODELS = {"smollm2": models.SMOLLM2_135M, "qwen2.5-7b": models.QWEN2_5_7B}
 
@@ -85,15 +85,6 @@ def _compiled_step(model_cfg, cfg: LearnerConfig, rollout, sharding=None):
   return train_step.lower(state, rollout, model_cfg=model_cfg, cfg=cfg).compile()
 
 
-def tpu_chip(topology: str) -> jax.sharding.NamedSharding:
-  """One chip of a TPU slice that jax describes without having it (`kernels.tpu_aot.topology`; needs libtpu, the
-  `aot` extra's `make test-aot` puts it on the path): a step placed there is compiled by XLA:TPU, and runs nowhere."""
-  from lrl_jax.kernels.tpu_aot import topology as describe  # noqa: PLC0415  (libtpu only here)
-
-  mesh = jax.sharding.Mesh(np.array(describe(topology).devices[:1]), ("chip",))
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-
-
 class _UnrolledLax:
   """`jax.lax` with `scan` unrolled whole. Put in place of the decoder's `lax` (`_traced_with("lax", ...)`), the layer
   scan becomes straight-line code, so that `cost_analysis()`, which counts a loop body once, counts every layer."""
@@ -110,12 +101,10 @@ def step_memory(model_cfg, cfg: LearnerConfig, rollout, *, sharding=None, unroll
   """{"peak_bytes", "argument_bytes", "temp_bytes", "flops", "bytes_accessed"} of the compiled train step.
 
   peak = arguments + temporaries + outputs − aliased (the donated state is aliased with the new one).
-  sharding: compile for its devices (`tpu_chip`) instead of this backend's. unroll: the decoder's layer scan
+  sharding: compile for its devices (a TPU chip that is not here: `kernels.tpu_aot.chip`, with libtpu) instead of
+  this backend's. unroll: the decoder's layer scan
   unrolled (its flops and bytes then count every layer; the memory is that program's, not the scan's)."""
-  if unroll:
-    with _traced_with("lax", _UnrolledLax(), decoder):
-      c = _compiled_step(model_cfg, cfg, rollout, sharding)
-  else:
+  with _traced_with("lax", _UnrolledLax(), decoder) if unroll else contextlib.nullcontext():
     c = _compiled_step(model_cfg, cfg, rollout, sharding)
   m = c.memory_analysis()
   cost = c.cost_analysis()
@@ -339,6 +328,8 @@ def qat(args) -> int:
 def aot_tpu(args) -> int:
   """The bf16 and QAT steps compiled for one chip of a TPU slice (nothing runs): the scan program's peak, and the
   bytes accessed and flops of the same step with its layer scan unrolled (what `cost_analysis()` counts in full)."""
+  from lrl_jax.kernels.tpu_aot import chip as tpu_chip  # noqa: PLC0415  (describing a TPU needs libtpu)
+
   mc = MODELS["smollm2"]
   chip = tpu_chip(args.tpu)
   roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)

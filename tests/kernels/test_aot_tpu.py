@@ -10,7 +10,6 @@ import importlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.experimental import pallas as pl
 
@@ -59,9 +58,7 @@ def test_int8_blocks_of_8_rows_do_not_tile_which_is_why_zero_points_are_cast(dty
   """Why `pallas_matmul` casts INT4 zero points to the scale's dtype on TPU: a (bk/G, bn) = (8, 256) block of a
   [K/G, N] = [32, 4096] operand compiles in bf16 (the scales' case) but not in int8, whose memory tiling is
   (32, 128) (Mosaic error E2002)."""
-  topo = aot.topology("v5e:2x2")
-  mesh = jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",))
-  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rep = aot.chip("v5e:2x2")
   f = jax.jit(
     functools.partial(
       pl.pallas_call,
@@ -104,10 +101,7 @@ def test_sampler_generate_compiles_for_tpu_with_the_kernels(model, fmt, monkeypa
   # On a TPU host pallas_matmul compiles rather than interprets; jax's default backend here is the CPU.
   monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
   served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), spec))
-  topo = aot.topology("v5e:2x2")
-  rep = jax.sharding.NamedSharding(
-    jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec()
-  )
+  rep = aot.chip("v5e:2x2")
   sds = lambda t: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rep), t)
   b, p = 8, 32
   args = sds(
@@ -138,10 +132,7 @@ def test_gradient_through_the_kernel_compiles_for_tpu(fmt, monkeypatch):
   kernel, its backward an XLA dot with ŵᵀ. Both compile for v5e in one executable."""
   monkeypatch.setattr(dispatch, "_backend", lambda: "tpu")
   monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
-  topo = aot.topology("v5e:2x2")
-  rep = jax.sharding.NamedSharding(
-    jax.sharding.Mesh(np.array(topo.devices[:1]), ("chip",)), jax.sharding.PartitionSpec()
-  )
+  rep = aot.chip("v5e:2x2")
   q = jax.eval_shape(
     lambda w: quant.quantize(w, aot.FORMATS[fmt], axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
   )

@@ -6,6 +6,7 @@
 import pytest
 
 from lrl_jax import models
+from lrl_jax.kernels import tpu_aot
 from lrl_jax.learner import LearnerConfig, bench
 
 pytestmark = pytest.mark.aot
@@ -35,7 +36,7 @@ def test_unrolled_tpu_step_counts_every_layer():
   # One layer more adds that layer's matmul flops (from the shapes) to the unrolled step's cost_analysis(), plus
   # its elementwise and optimizer work (< 10%, above); the scan program counts its loop body once, so its count
   # barely moves.
-  chip = bench.tpu_chip("v5e:2x2")
+  chip = tpu_aot.chip("v5e:2x2")
   roll = bench.abstract_rollout(**SHAPE)
   cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
 
