@@ -9,3 +9,8 @@ Shape glossary (docstrings and array names use these letters):
 """
 
 __version__ = "0.1.0"
+
+from lrl_jax import hostmem as _hostmem
+
+# Before anything runs on XLA's CPU backend: glibc keeps the memory XLA frees (`lrl_jax.hostmem`).
+_hostmem.keep_freed_memory()
