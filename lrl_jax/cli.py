@@ -111,15 +111,16 @@ def main(argv: list[str] | None = None) -> int:
   p = sub.add_parser(
     "bench",
     help="benchmarks: `lrl-jax bench kernels [--quick ...]`, `lrl-jax bench sampler [...]`, "
-    "`lrl-jax bench learner memory|qat|torch [...]`, `lrl-jax bench sync [...]`",
+    "`lrl-jax bench learner memory|qat|torch|aot|hostmem [...]`, `lrl-jax bench sync [...]`",
   )
   p.add_argument(
     "what",
     choices=["kernels", "sampler", "learner", "sync"],
     help="kernels: low-bit matmuls vs bf16 (`lrl-jax bench kernels --quick`); sampler: SmolLM2 rollouts, this "
     "sampler vs transformers, every format (`lrl-jax bench sampler --batches 16 64`); learner: memory / QAT cost / "
-    "torch / a TPU target's AOT compile (`lrl-jax bench learner memory`); sync: the learner -> sampler weight "
-    "transfer per format, disaggregated and colocated (`lrl-jax bench sync`). Each takes --help.",
+    "torch / a TPU target's AOT compile / glibc keeping freed host memory (`lrl-jax bench learner memory`); sync: "
+    "the learner -> sampler weight transfer per format, disaggregated and colocated (`lrl-jax bench sync`). Each "
+    "takes --help.",
   )
   args, rest = parser.parse_known_args(argv)
   if args.command == "numerics":

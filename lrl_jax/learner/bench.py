@@ -18,6 +18,11 @@ lrl-jax bench learner aot [--tpu v5p:2x2x1] [--batch 16] [--seq 72] [--all-techn
   not here (libtpu, as `make test-aot` installs it; nothing runs): peak bytes (`memory_analysis()`) and, of the same
   step with its layer scan unrolled (`cost_analysis()` counts a loop body once), bytes accessed and flops. The
   bytes-accessed ratio QAT / bf16 is the accelerator proxy of the QAT cost where no accelerator is lent.
+lrl-jax bench learner hostmem [--batch 16] [--seq 72] [--repeats 10]
+  glibc keeping the memory XLA frees (`lrl_jax.hostmem`, the default) vs returning it: two worker processes, one
+  per setting (it must be set before XLA starts), each with the bf16 and the INT4 g64 QAT step and the INT4 sync of
+  SmolLM2-135M shapes compiled; one round runs each once in one worker, then in the other, so a drift in the machine's
+  speed reaches both. Medians, the ratio, and the page faults and system time per call.
 lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it), tokens trained per second, and
@@ -28,7 +33,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import resource
+import subprocess
 import sys
 import time
 
@@ -325,6 +333,85 @@ def qat(args) -> int:
   return 0
 
 
+def _hostmem_worker(args) -> int:
+  """One side of `bench learner hostmem`: compiles its calls, then per line "run" on stdin runs each once and
+  writes {call: [seconds, minor page faults, system seconds]} as one JSON line."""
+  from lrl_jax import hostmem  # noqa: PLC0415
+  from lrl_jax.rl.sync import SyncSpec, sync  # noqa: PLC0415
+
+  mc = MODELS["smollm2"]
+  roll = _batch(mc, args.batch, args.seq, args.prompt, args.group)
+  params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
+  base = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
+  calls = {
+    "bf16 step": _jax_runner(mc, base, roll, params),
+    "int4 g64 QAT step": _jax_runner(mc, base.replace(qat=QAT_FORMATS["int4 g64"]), roll, params),
+  }
+  spec = SyncSpec(rules=quant.QuantRules.default(QAT_FORMATS["int4 g64"]), dtype=jnp.bfloat16)
+  calls["int4 sync"] = lambda: jax.block_until_ready(sync(params, spec))
+  calls["int4 sync"]()
+  print(json.dumps({"state": hostmem.state()}), flush=True)
+  for line in sys.stdin:
+    if line.strip() != "run":
+      break
+    out = {}
+    for k, f in calls.items():
+      r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+      f()
+      t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+      out[k] = [t1 - t0, r1.ru_minflt - r0.ru_minflt, r1.ru_stime - r0.ru_stime]
+    print(json.dumps(out), flush=True)
+  return 0
+
+
+def hostmem(args) -> int:
+  """`bench learner hostmem` (module docstring): the two workers, round-robin."""
+  from lrl_jax.hostmem import ENV  # noqa: PLC0415
+
+  cmd = [sys.executable, "-m", "lrl_jax.learner.bench", "hostmem", "--worker"]
+  cmd += ["--batch", str(args.batch), "--seq", str(args.seq), "--prompt", str(args.prompt), "--group", str(args.group)]
+  arms = {"kept (default)": "1", f"returned ({ENV}=0)": "0"}
+  workers = {}
+  for label, value in arms.items():  # one at a time: two compiles at once would time each other
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, ENV: value})
+    line = p.stdout.readline()
+    if not line:
+      raise RuntimeError(f"bench learner hostmem: the worker with {ENV}={value} exited (rc {p.wait()}) before it ran")
+    workers[label] = (p, json.loads(line)["state"])
+  print(
+    f"SmolLM2-135M shapes (random weights), GRPO step on {args.batch} x {args.seq} tokens (prompt {args.prompt}), "
+    f"bf16 compute; {os.cpu_count()} cores; median of {args.repeats} rounds (one call of each per worker per round)",
+    flush=True,
+  )
+  rows = {label: [] for label in workers}
+  try:
+    for _ in range(args.repeats):
+      for label, (p, _) in workers.items():
+        p.stdin.write("run\n")
+        p.stdin.flush()
+        line = p.stdout.readline()
+        if not line:
+          raise RuntimeError(f"bench learner hostmem: the {label} worker exited (rc {p.wait()})")
+        rows[label].append(json.loads(line))
+  finally:
+    for p, _ in workers.values():
+      p.stdin.close()
+      p.wait()
+  kept, returned = list(rows)
+  print(
+    f"\n| call | {kept} s | {returned} s | kept / returned | page faults kept / returned | system s kept / returned |"
+  )
+  print("|---|---|---|---|---|---|")
+  for call in rows[kept][0]:
+    med = {label: np.median([r[call] for r in rs], axis=0) for label, rs in rows.items()}
+    a, b = med[kept], med[returned]
+    print(
+      f"| {call} | {a[0]:.3f} | {b[0]:.3f} | {a[0] / b[0]:.2f}x | {a[1]:.0f} / {b[1]:.0f} | {a[2]:.2f} / {b[2]:.2f} |"
+    )
+  print("workers: " + "; ".join(f"{label}: lrl_jax.hostmem.state() = {st!r}" for label, (_, st) in workers.items()))
+  return 0
+
+
 def aot_tpu(args) -> int:
   """The bf16 and QAT steps compiled for one chip of a TPU slice (nothing runs): the scan program's peak, and the
   bytes accessed and flops of the same step with its layer scan unrolled (what `cost_analysis()` counts in full)."""
@@ -515,15 +602,16 @@ def torch_peer(args) -> int:
 
 
 def main(argv=None) -> int:
-  """`lrl-jax bench learner memory | qat | torch [...]` (module docstring)."""
+  """`lrl-jax bench learner memory | qat | torch | aot | hostmem [...]` (module docstring)."""
   ap = argparse.ArgumentParser(prog="lrl-jax bench learner", description=__doc__.split("\n\n")[0])
-  ap.add_argument("what", choices=["memory", "qat", "torch", "aot"])
+  ap.add_argument("what", choices=["memory", "qat", "torch", "aot", "hostmem"])
   ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
   ap.add_argument("--batch", type=int, default=None, help="completions per step (memory: 64; qat / torch: 16)")
   ap.add_argument("--seq", type=int, default=None, help="tokens per completion row (memory: 1024; qat / torch: 72)")
   ap.add_argument("--prompt", type=int, default=None, help="prompt slots (memory: 256; qat / torch: 48)")
   ap.add_argument("--group", type=int, default=8, help="completions per prompt (the learner runs a prompt once)")
-  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--repeats", type=int, default=None, help="timed steps (hostmem: rounds; default 10, else 3)")
+  ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # hostmem's worker process
   ap.add_argument(
     "--before",
     nargs="?",
@@ -551,7 +639,10 @@ def main(argv=None) -> int:
   args.batch = args.batch or (64 if big else 16)
   args.seq = args.seq or (1024 if big else 72)
   args.prompt = args.prompt or (256 if big else 48)
-  return {"memory": memory, "qat": qat, "torch": torch_peer, "aot": aot_tpu}[args.what](args)
+  args.repeats = args.repeats or (10 if args.what == "hostmem" else 3)
+  if args.worker:
+    return _hostmem_worker(args)
+  return {"memory": memory, "qat": qat, "torch": torch_peer, "aot": aot_tpu, "hostmem": hostmem}[args.what](args)
 
 
 if __name__ == "__main__":
