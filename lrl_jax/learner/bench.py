@@ -5,14 +5,16 @@ lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1
   nothing runs, nothing is allocated) and its matmul flops (`matmul_flops`, from the shapes), for the baseline (f32
   Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
   then all.
-lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches 1] [--before [matmul | micro-batch]]
+lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches 1]
+                          [--before [matmul | micro-batch | nvfp4]]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
   process (median of `repeats`, timed round-robin, compile excluded), their ratio (`--before matmul`: also each step
   with its kernels fake-quantized at every matmul, as the learner did before it hoisted that out of the layer scan;
   `--before micro-batch`: with `--micro-batches M`, each step fake-quantizing once per micro-batch forward, as it did
-  before it hoisted that out of the micro-batch loop; either's bf16 row is the same step again, a control for the
-  noise); the AOT `cost_analysis()` bytes accessed ratio
-  QAT / bf16 (the proxy where no accelerator runs it); the weight sync (`rl.sync`) as a fraction of the step.
+  before it hoisted that out of the micro-batch loop; `--before nvfp4`: NVFP4's operand made through packed codes and
+  XLA's f8 / f4 converts, as before `quant.nvfp4_operand`; each one's bf16 row is the same step again, a control for
+  the noise); the AOT `cost_analysis()` bytes accessed ratio QAT / bf16 (the proxy where no accelerator runs it); the
+  weight sync (`rl.sync`) as a fraction of the step.
 lrl-jax bench learner aot [--tpu v5p:2x2x1] [--batch 16] [--seq 72] [--all-techniques]
   the bf16 and the INT4 / NVFP4 / FP8 QAT steps (SmolLM2-135M shapes) compiled for one chip of a TPU slice that is
   not here (libtpu, as `make test-aot` installs it; nothing runs): peak bytes (`memory_analysis()`) and, of the same
@@ -256,6 +258,24 @@ def _per_forward_operands():
   return _traced_with("hoist_qat_operands", lambda params, numerics, dtype: params, decoder)
 
 
+@contextlib.contextmanager
+def _nvfp4_by_casts():
+  """The learner with its NVFP4 QAT operand made as before `quant.nvfp4_operand`: `quant.quantize` (codes packed to
+  nibbles) then `dequantize`, its e4m3 block scales and e2m1 values rounded by XLA's f8 / f4 converts rather than
+  by `qarray._round_e4m3` / `_round_e2m1` (the same numbers, bit for bit)."""
+
+  def packed(x, spec=quant.NVFP4(), *, axis=-2):
+    q = quant.quantize(x, spec, axis=axis)
+    return quant.dequantize(q, jnp.float32, global_scale=False), q.global_scale
+
+  qa = quant.qarray
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(_traced_with("nvfp4_operand", packed, quant, qa))
+    stack.enter_context(_traced_with("_round_e4m3", lambda v: v.astype(jnp.float8_e4m3fn).astype(jnp.float32), qa))
+    stack.enter_context(_traced_with("_round_e2m1", lambda v: v.astype(jnp.float4_e2m1fn).astype(jnp.float32), qa))
+    yield
+
+
 def _interleaved(runs: dict, roll: Rollout, repeats: int, first: dict | None = None) -> dict[str, float]:
   """Median seconds per step of each compiled step in `runs` ({label: (compiled, state)}), timed round-robin (one
   step of each per round) so that a drift in the machine's speed reaches every row alike. `first`, if given, gets
@@ -300,6 +320,7 @@ def qat(args) -> int:
     None: [],
     "matmul": [(_per_matmul_operands, " (per matmul, before)")],
     "micro-batch": [(_per_forward_operands, " (per micro-batch, before)")],
+    "nvfp4": [(_nvfp4_by_casts, " (NVFP4 by packed codes and converts, before)")],
   }[args.before]
   for patch, suffix in [(contextlib.nullcontext, "")] + before:
     for name, cfg in arms.items():
@@ -616,10 +637,11 @@ def main(argv=None) -> int:
     "--before",
     nargs="?",
     const="matmul",
-    choices=["matmul", "micro-batch"],
+    choices=["matmul", "micro-batch", "nvfp4"],
     default=None,
     help="qat: also the steps with the kernels fake-quantized at every matmul (matmul, the default) or once per "
-    "micro-batch forward (micro-batch, with --micro-batches), as the learner did before it hoisted each",
+    "micro-batch forward (micro-batch, with --micro-batches), as the learner did before it hoisted each, or with "
+    "NVFP4's operand made through packed codes and XLA's f8 / f4 converts (nvfp4), as before `quant.nvfp4_operand`",
   )
   ap.add_argument("--micro-batches", type=int, default=1, help="qat: learner.micro_batches of every step")
   ap.add_argument(

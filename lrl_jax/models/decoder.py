@@ -544,12 +544,16 @@ def _qat_operand(w, spec):
   """The QAT operand of a stacked kernel w [.., K, N] in the compute dtype, as a `kernels.Predecoded`: ŵ =
   dequantize(quantize(w, spec, axis=-2), w.dtype) (NVFP4: e2m1 · s_b, its per-matrix `dec` applied after the K sum),
   the operand `quant.dot_general_for(spec)` and the sampler's predecoded path dot with: computed by Google AQT
-  where `dot_general_for` uses it (absmax INT4, FP8), else by `quant.quantize`. Straight-through. Its operations
+  where `dot_general_for` uses it (absmax INT4, FP8), by `quant.nvfp4_operand` for NVFP4 (no codes packed), else by
+  `quant.quantize`. Straight-through. Its operations
   carry the name scope "qat_operand" (how a test finds where a program fake-quantizes)."""
   with jax.named_scope("qat_operand"):
     if isinstance(spec, quant.FP8) or (isinstance(spec, quant.Int4) and spec.scheme == "absmax"):
       w_hat = lax.optimization_barrier(quant.aqt_fake_quant(w, spec, axis=-2))
       return kernels.Predecoded(w=w_hat, dec=None, axis=-2)
+    if isinstance(spec, quant.NVFP4):  # kernels.predecode(quant.quantize(w)) bit for bit, without packing the codes
+      w_b, dec = lax.optimization_barrier(quant.nvfp4_operand(w, spec, axis=-2))
+      return kernels.Predecoded(w=w_b.astype(w.dtype), dec=dec, axis=-2)
     q = lax.optimization_barrier(quant.quantize(w, spec, axis=-2))
     return kernels.predecode(q, w.dtype)
 

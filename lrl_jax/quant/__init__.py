@@ -25,6 +25,7 @@ from lrl_jax.quant.qarray import (
   dequantize,
   fake_quant,
   learned_fake_quant,
+  nvfp4_operand,
   quantize,
   tree_nbytes,
 )
@@ -63,6 +64,7 @@ __all__ = [
   "dequantize",
   "fake_quant",
   "learned_fake_quant",
+  "nvfp4_operand",
   "check_spec",
   "qdot",
   "dot_general_for",

@@ -381,26 +381,63 @@ def _tile_max(amax: jax.Array, axis: int) -> jax.Array:
 
 
 def _nvfp4_prepare(x, axis, tile: bool = False):
-  """NVFP4 up to the element rounding: (v, s_b, dec), v = clip(x / (f32(s_b) · dec), ±6) in the grouped layout
-  [.., K/16, 16, ..] (NaN -> 0: the NaN lives on in the block scale), s_b the e4m3 block scales [.., K/16, 1, ..],
-  dec the per-matrix decode scale. tile: one s_b per 16x16 tile of the last two axes (`NVFP4WAG` weights)."""
+  """NVFP4 up to the element rounding: (v, s_b, dec), v = clip(x / (s_b · dec), ±6) in the grouped layout
+  [.., K/16, 16, ..] (NaN -> 0: the NaN lives on in the block scale), s_b the block scales [.., K/16, 1, ..] (e4m3
+  values held in float32), dec the per-matrix decode scale. tile: one s_b per 16x16 tile of the last two axes
+  (`NVFP4WAG` weights)."""
   dec, enc = _nvfp4_global(x)
   xg = _groups(x, axis, 16)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
   amax = _absmax(xg, axis)
   if tile:
     amax = _tile_max(amax, axis)
-  sb = _exact_cast(_poison(jnp.minimum(_div(amax * enc, FP4_MAX), FP8_MAX), amax), jnp.float8_e4m3fn)
-  denom = sb.astype(jnp.float32) * dec_g
-  q = jnp.clip(_safe_div(xg, denom), -FP4_MAX, FP4_MAX)
+  sb = _round_e4m3(_poison(jnp.minimum(_div(amax * enc, FP4_MAX), FP8_MAX), amax))
+  q = jnp.clip(_safe_div(xg, sb * dec_g), -FP4_MAX, FP4_MAX)
   return jnp.where(jnp.isnan(xg), 0.0, q), sb, dec.astype(jnp.float32)
+
+
+def _round_e4m3(v: jax.Array) -> jax.Array:
+  """float32 v (|v| <= 448, or NaN) rounded to the nearest float8_e4m3fn value, ties to even, still in float32: the
+  value of `v.astype(float8_e4m3fn).astype(float32)`, bit for bit, as arithmetic. XLA fuses a block scale into each
+  of its 16 elements' consumers, and XLA:CPU's f8 convert is a software routine: the cast cost the NVFP4 QAT operand
+  a third of its time (`lrl_jax/learner/README.md`). The spacing of e4m3 values at |v| is 2^(max(e, -6) - 3), e the
+  exponent of |v| (-6: the subnormals' spacing 2^-9); dividing and multiplying by a power of two is exact."""
+  e = (lax.bitcast_convert_type(v.astype(jnp.float32), jnp.int32) >> 23) & 0xFF  # biased exponent of |v|
+  step = lax.bitcast_convert_type((jnp.maximum(e, 127 - 6) - 3) << 23, jnp.float32)
+  return jnp.round(v / step) * step
+
+
+def _round_e2m1(v: jax.Array) -> jax.Array:
+  """float32 v (|v| <= 6) rounded to the nearest float4_e2m1fn value {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to even,
+  in float32: `v.astype(float4_e2m1fn).astype(float32)` bit for bit (the spacing is 0.5 below 2, 1 below 4, then 2;
+  an even multiple of the spacing is an even code), as arithmetic XLA:CPU vectorises (its f4 convert does not)."""
+  a = jnp.abs(v)
+  step = jnp.where(a < 2, 0.5, jnp.where(a < 4, 1.0, 2.0))
+  return jnp.round(v / step) * step
 
 
 def _quantize_nvfp4(x, spec: NVFP4 | NVFP4WAG, axis):
   q, sb, dec = _nvfp4_prepare(x, axis, tile=isinstance(spec, NVFP4WAG))
   nib = lax.bitcast_convert_type(q.astype(jnp.float4_e2m1fn), jnp.uint4).astype(jnp.uint8)  # round to nearest even
   codes = packing.pack_nibbles(_ungroup(nib, axis), axis)
-  return codes, _scale_shape(sb, axis), dec
+  return codes, _scale_shape(_exact_cast(sb, jnp.float8_e4m3fn), axis), dec  # sb holds e4m3 values: exact
+
+
+def nvfp4_operand(x: jax.Array, spec: NVFP4 | NVFP4WAG = NVFP4(), *, axis: int = -2):
+  """NVFP4's fake quant in the served matmul's form, without packing codes: (e2m1 · s_b in float32, dec).
+
+  The same numbers as `dequantize(quantize(x, spec, axis=axis), jnp.float32, global_scale=False)` and
+  `quantize(...).global_scale`, bit for bit (the e2m1 values rounded the same way, times the same E4M3 block
+  scales), in one elementwise pass after the scales: no nibble packing and unpacking in between. x̂ = that · dec
+  (dec per matrix: the shape of x's leading axes). What the learner's hoisted NVFP4 QAT operand and `fake_quant`
+  compute.
+  """
+  if not isinstance(spec, (NVFP4, NVFP4WAG)):
+    raise ValueError(f"nvfp4_operand: an NVFP4 / NVFP4WAG spec; got {spec}")
+  x = jnp.asarray(x)
+  axis = check_spec(spec, x.shape, x.dtype, axis)
+  q, sb, dec = _nvfp4_prepare(x.astype(jnp.float32), axis, tile=isinstance(spec, NVFP4WAG))
+  return _ungroup(_round_e2m1(q) * sb, axis), dec  # e2m1 rounded as `_quantize_nvfp4`'s codes; the product exact
 
 
 def _dequantize_nvfp4(q: QArray, global_scale: bool = True):
@@ -498,6 +535,9 @@ def dequantize(q: QArray, dtype=jnp.float32, *, global_scale: bool = True) -> ja
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _fake_quant(x, spec, axis):
+  if isinstance(spec, (NVFP4, NVFP4WAG)):  # the same numbers without packing the codes (`nvfp4_operand`)
+    w_b, dec = lax.optimization_barrier(nvfp4_operand(x, spec, axis=axis))
+    return (w_b * _per_matrix(dec, x.ndim)).astype(x.dtype)
   q = quantize(x, spec, axis=axis)
   q = lax.optimization_barrier(q)  # keep XLA from fusing quantize/dequantize into something else
   return dequantize(q, x.dtype)

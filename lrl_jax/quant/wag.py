@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lrl_jax.quant.qarray import _groups, _nvfp4_prepare, _ungroup, check_spec, dequantize, quantize
+from lrl_jax.quant.qarray import _groups, _nvfp4_prepare, _ungroup, check_spec, nvfp4_operand
 from lrl_jax.quant.specs import FP4_MAX, NVFP4, NVFP4WAG
 
 __all__ = ["nvfp4_blocks", "nvfp4_activations", "sr_e2m1", "hadamard16", "rht", "wag_draws", "nvfp4_wag_matmul"]
@@ -82,8 +82,7 @@ def nvfp4_blocks(x: jax.Array, *, axis: int = -1, u: jax.Array | None = None, ti
   """
   x = jnp.asarray(x)
   if u is None:
-    q = quantize(x, NVFP4WAG() if tile else NVFP4(), axis=axis)
-    return dequantize(q, jnp.float32, global_scale=False), q.global_scale
+    return nvfp4_operand(x, NVFP4WAG() if tile else NVFP4(), axis=axis)
   if tile:
     raise ValueError("nvfp4_blocks: 16x16 tiles are the weight's, rounded to nearest even (u must be None)")
   ax = check_spec(NVFP4(), x.shape, x.dtype, axis)

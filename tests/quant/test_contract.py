@@ -99,6 +99,62 @@ def test_fake_quant_equals_dequantize_quantize_hypothesis(data):
   _same(_fq_jit(spec, axis)(xj), _dequantize(_quantize(xj, spec, axis=axis)))
 
 
+@pytest.mark.parametrize("spec", [quant.NVFP4(), quant.NVFP4WAG()], ids=["nvfp4", "nvfp4_wag"])
+def test_nvfp4_operand_equals_the_served_form(spec):
+  """`nvfp4_operand` (no codes packed) = dequantize(quantize(x), global_scale=False) and its global scale, bit for
+  bit: a stack of matrices, both group axes, every named input and a NaN / ±Inf in some blocks."""
+  rng = np.random.default_rng(1)
+  cases = {k: v.reshape(2, 64, 128) for k, v in _inputs(rng, (128, 128)).items()}
+  bad = rng.standard_normal((2, 64, 128)).astype(np.float32)
+  bad[0, 3, 5], bad[1, 40, 17], bad[1, 0, 100] = np.nan, np.inf, -np.inf
+  cases["nan_inf"] = bad
+  fn = jax.jit(quant.nvfp4_operand, static_argnames=("spec", "axis"))
+  for name, x in cases.items():
+    for dtype in (jnp.float32, jnp.bfloat16):
+      for axis in (-2, -1):
+        xj = jnp.asarray(x, dtype)
+        q = _quantize(xj, spec, axis=axis)
+        w_b, dec = fn(xj, spec=spec, axis=axis)
+        assert w_b.dtype == jnp.float32 and dec.shape == (2,), (name, w_b.dtype, dec.shape)
+        _same(w_b, quant.dequantize(q, jnp.float32, global_scale=False))
+        _same(dec, q.global_scale)
+
+
+def _rounding_points(grid: np.ndarray, rng) -> np.ndarray:
+  """Every value of a format's grid (non-negative part), every midpoint between neighbours (the ties), each of them
+  one float32 ulp either side, both signs, f32 subnormals, and a log-uniform sample in between: where a rounding
+  could go wrong, it goes wrong at a grid value or a tie."""
+  g = np.asarray(grid, np.float32)
+  mids = ((g[1:].astype(np.float64) + g[:-1]) / 2).astype(np.float32)  # exact: neighbours differ by <= 1 binade
+  pts = np.concatenate([g, mids])
+  pts = np.concatenate([pts, np.nextafter(pts, np.float32(np.inf)), np.nextafter(pts, np.float32(0))])
+  top = float(g.max())
+  sample = np.exp(rng.uniform(np.log(1e-12), np.log(top), 20000)).astype(np.float32)
+  tiny = np.array([np.finfo(np.float32).smallest_subnormal, 1e-40, np.finfo(np.float32).tiny], np.float32)
+  pts = np.concatenate([pts, sample, tiny])
+  pts = pts[np.abs(pts) <= top]
+  return np.concatenate([pts, -pts])
+
+
+@pytest.mark.parametrize(
+  "fmt, rounder", [("float8_e4m3fn", "_round_e4m3"), ("float4_e2m1fn", "_round_e2m1")], ids=["e4m3", "e2m1"]
+)
+def test_arithmetic_rounding_equals_the_cast(fmt, rounder):
+  """The NVFP4 path's arithmetic roundings = ml_dtypes' cast (round to nearest, ties to even) and back, bit for bit
+  (sign of zero included), at every grid value and tie ± 1 ulp of the format's range, and NaN stays NaN."""
+  dt = getattr(ml_dtypes, fmt)
+  grid = np.unique(
+    np.abs(np.arange(256 if fmt.startswith("float8") else 16, dtype=np.uint8).view(dt)).astype(np.float32)
+  )
+  grid = grid[np.isfinite(grid)]
+  x = _rounding_points(grid, np.random.default_rng(7))
+  got = np.asarray(jax.jit(getattr(quant.qarray, rounder))(jnp.asarray(x)))
+  want = x.astype(dt).astype(np.float32)
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  if fmt.startswith("float8"):
+    assert np.isnan(np.asarray(quant.qarray._round_e4m3(jnp.array([np.nan], jnp.float32)))).all()
+
+
 def _int4_ties(rng, shape):
   """Weights whose quotient w/s is an exact .5 tie for the bf16 scale their group gets."""
   s = np.float32(ml_dtypes.bfloat16(0.0371))
