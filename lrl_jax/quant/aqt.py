@@ -50,7 +50,18 @@ from aqt.jax.v2.numerics import fp8_numerics, int_numerics
 from jax import lax
 
 from lrl_jax.quant.dot import qdot
-from lrl_jax.quant.qarray import _F32_TINY, _INT4_SCALE_FLOOR, _absmax, _div, _groups, check_spec, fake_quant, quantize
+from lrl_jax.quant.qarray import (
+  _F32_TINY,
+  _INT4_SCALE_FLOOR,
+  _absmax,
+  _div,
+  _fenced_groups,
+  _groups,
+  _ungroup,
+  check_spec,
+  fake_quant,
+  quantize,
+)
 from lrl_jax.quant.specs import FP8, FP8_MAX, INT4_MAX, NVFP4, NVFP4WAG, Int4, Spec
 from lrl_jax.quant.wag import nvfp4_wag_matmul
 
@@ -135,6 +146,10 @@ def _quantizer(spec: Int4 | FP8) -> aqt_quantizer.Quantizer:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _aqt_fake_quant(w, spec, axis):
+  if isinstance(spec, Int4):  # AQT quantizes the groups [.., K/g, g, ..], one group per calibration (`_fenced_groups`)
+    wg = _fenced_groups(w, axis - w.ndim, spec.group_size)
+    qt, _ = _quantizer(spec).quant(wg, calibration_axes=[axis + 1])
+    return _ungroup(qt.dequant(), axis - w.ndim)
   qt, _ = _quantizer(spec).quant(w, calibration_axes=[axis])
   return qt.dequant()
 

@@ -167,11 +167,13 @@ def _exact_cast(x: jax.Array, dtype) -> jax.Array:
 def _div(x: jax.Array, d) -> jax.Array:
   """x / d, a true IEEE division.
 
-  XLA rewrites `x / broadcast(d)` into `x * broadcast(1 / d)` (seen on CPU), which is
-  off by an ulp often enough to move codes at rounding ties. slime and compressed-tensors
-  divide; hiding the broadcast behind a barrier keeps the division.
+  XLA rewrites `x / broadcast(d)` into `x * broadcast(1 / d)` (seen on CPU), which is off by an ulp often enough to
+  move codes at rounding ties; slime and compressed-tensors divide. The divisor is made per element, NaN where x is
+  NaN (x / anything is NaN there, so the quotient is the same everywhere): not a broadcast, so XLA keeps the
+  division, and it fuses into the division's pass. (It was the broadcast behind an optimization barrier, which kept
+  the division too but wrote the divisor out in full: 8 bytes a weight in every QAT step, `lrl_jax/learner/README.md`.)
   """
-  return x / lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(d, x.dtype), x.shape))
+  return x / jnp.where(jnp.isnan(x), jnp.nan, jnp.asarray(d, x.dtype))
 
 
 def _groups(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -181,6 +183,16 @@ def _groups(x: jax.Array, axis: int, size: int) -> jax.Array:
   """
   ax = axis % x.ndim
   return x.reshape(x.shape[:ax] + (x.shape[ax] // size, size) + x.shape[ax + 1 :])
+
+
+def _fenced_groups(x: jax.Array, axis: int, size: int) -> jax.Array:
+  """`_groups(x, axis, size)` behind an optimization barrier, for a quantizer's input: the group reductions and the
+  elementwise pass after them then stay in the grouped shape. Without it XLA:TPU moves the elementwise work back to
+  x's shape, cannot fuse across the reshape (a bitcast) and writes |x| in f32 and the scales broadcast in full: 25
+  (INT4) and 40 (NVFP4) bytes a weight above the bf16 step, against 11 and 12 with it (`lrl_jax/learner/README.md`).
+  XLA:CPU runs the same time either way. Cast x to float32 after this, not before (the barrier keeps what it is given
+  in memory)."""
+  return lax.optimization_barrier(_groups(x, axis, size))
 
 
 def _ungroup(xg: jax.Array, axis: int) -> jax.Array:
@@ -385,8 +397,8 @@ def _nvfp4_prepare(x, axis, tile: bool = False):
   [.., K/16, 16, ..] (NaN -> 0: the NaN lives on in the block scale), s_b the block scales [.., K/16, 1, ..] (e4m3
   values held in float32), dec the per-matrix decode scale. tile: one s_b per 16x16 tile of the last two axes
   (`NVFP4WAG` weights)."""
-  dec, enc = _nvfp4_global(x)
-  xg = _groups(x, axis, 16)
+  dec, enc = _nvfp4_global(x.astype(jnp.float32))
+  xg = _fenced_groups(x, axis, 16).astype(jnp.float32)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
   amax = _absmax(xg, axis)
   if tile:
@@ -436,7 +448,7 @@ def nvfp4_operand(x: jax.Array, spec: NVFP4 | NVFP4WAG = NVFP4(), *, axis: int =
     raise ValueError(f"nvfp4_operand: an NVFP4 / NVFP4WAG spec; got {spec}")
   x = jnp.asarray(x)
   axis = check_spec(spec, x.shape, x.dtype, axis)
-  q, sb, dec = _nvfp4_prepare(x.astype(jnp.float32), axis, tile=isinstance(spec, NVFP4WAG))
+  q, sb, dec = _nvfp4_prepare(x, axis, tile=isinstance(spec, NVFP4WAG))
   return _ungroup(_round_e2m1(q) * sb, axis), dec  # e2m1 rounded as `_quantize_nvfp4`'s codes; the product exact
 
 
