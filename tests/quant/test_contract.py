@@ -120,6 +120,23 @@ def test_nvfp4_operand_equals_the_served_form(spec):
         _same(dec, q.global_scale)
 
 
+def test_div_is_a_true_division_under_jit():
+  """`qarray._div(x, d)` with d broadcast per group is x / d correctly rounded (NumPy's float32 division), where
+  x · (1/d), what XLA rewrites a division by a broadcast into, is off by an ulp: the quotients that move codes at
+  rounding ties. NaN in x stays NaN; d = 0 gives ±Inf as IEEE says."""
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal((64, 16, 128)).astype(np.float32)
+  d = (np.abs(rng.standard_normal((64, 1, 128))) + 0.1).astype(np.float32)
+  recip = x * (np.float32(1) / d)
+  want = x / d
+  assert (recip != want).sum() > 100  # the inputs do tell the two apart
+  x[0, 0, 0], d[1, 0, 1] = np.nan, 0.0
+  with np.errstate(divide="ignore"):
+    want = x / d
+  got = np.asarray(jax.jit(quant.qarray._div)(jnp.asarray(x), jnp.asarray(d)))
+  np.testing.assert_array_equal(got, want)
+
+
 def _rounding_points(grid: np.ndarray, rng) -> np.ndarray:
   """Every value of a format's grid (non-negative part), every midpoint between neighbours (the ties), each of them
   one float32 ulp either side, both signs, f32 subnormals, and a log-uniform sample in between: where a rounding
