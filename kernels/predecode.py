@@ -101,5 +101,36 @@ def predecoded_dot(x: jax.Array, p: Predecoded) -> jax.Array:
   k_axis = 0 if p.axis == -2 else 1
   if x.shape[-1] != p.w.shape[k_axis]:
     raise ValueError(f"predecoded_dot: activations {tuple(x.shape)} do not contract with weight {p.w.shape}")
-  y = dense_dot(x, p.w, k_axis)
-  return y if p.dec is None else y * p.dec
+  if p.dec is None:
+    return dense_dot(x, p.w, k_axis)
+  return _scaled_dense_dot(x, p.w, p.dec, k_axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _scaled_dense_dot(x, w, dec, k_axis):
+  """dense_dot(x, w) · dec (NVFP4's per-matrix scale after the K sum), with dec applied to the three products'
+  f32 outputs in the backward too: dx = (g · wᵀ) · dec, dw = (xᵀ · g) · dec, each then in its operand's dtype.
+  jax's own backward of `y · dec` scales the cotangent g first, a pass over [rows, N] in f32 whose result is no
+  longer in the compute dtype: on a TPU target it is written out and read by both dots (0.9 GB of a SmolLM2 NVFP4
+  QAT step's 24.9, `lrl_jax/learner/README.md`), where a scale on a dot's output fuses into the dot. dec is a
+  constant to differentiation (its cotangent is zero): the scales are not trained, as in every QAT path here."""
+  return _dot(x, w, k_axis) * dec
+
+
+def _scaled_dense_dot_fwd(x, w, dec, k_axis):
+  return _scaled_dense_dot(x, w, dec, k_axis), (x, w, dec)
+
+
+def _scaled_dense_dot_bwd(k_axis, res, g):
+  x, w, dec = res
+  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+  f32 = dict(preferred_element_type=jnp.float32)
+  dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), **f32)  # [rows, K]
+  if k_axis == 0:
+    dw = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), **f32)  # [K, N]: one axis of rows contracted
+  else:
+    dw = lax.dot_general(g2, x2, (((0,), (0,)), ((), ())), **f32)  # [N, K]
+  return (dx * dec).astype(x.dtype).reshape(x.shape), (dw * dec).astype(w.dtype), jnp.zeros_like(dec)
+
+
+_scaled_dense_dot.defvjp(_scaled_dense_dot_fwd, _scaled_dense_dot_bwd)

@@ -21,7 +21,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from lrl_jax import quant  # noqa: E402
+from lrl_jax import kernels, quant  # noqa: E402
 from lrl_jax.kernels.tpu_aot import chip  # noqa: E402
 from lrl_jax.models import decoder  # noqa: E402
 
@@ -36,9 +36,10 @@ def grad_program(spec):
     if spec is None:
       return jnp.sum(jnp.einsum("mk,lkn->lmn", x, wc).astype(jnp.float32) ** 2)
     p = decoder._qat_operand(wc, spec)
-    y = jnp.einsum("mk,lkn->lmn", x, p.w)
-    if p.dec is not None:  # NVFP4: the per-matrix scale after the K sum, as the learner's dot applies it
-      y = y * p.dec[:, None, None].astype(y.dtype)
+    if p.dec is None:
+      y = jnp.einsum("mk,lkn->lmn", x, p.w)
+    else:  # NVFP4: the per-matrix scale after the K sum, through the learner's own dot (and its backward)
+      y = jax.vmap(lambda w, dec: kernels.predecoded_dot(x, kernels.Predecoded(w=w, dec=dec)))(p.w, p.dec)
     return jnp.sum(y.astype(jnp.float32) ** 2)
 
   return jax.jit(jax.grad(loss))

@@ -71,3 +71,58 @@ def test_weight_gradient_contracts_one_axis():
   dots = list(_dots(jax.make_jaxpr(vjp)(g).jaxpr))
   assert len(dots) >= 2, "the vjp computes both gradients with dots"
   assert all(len(e.params["dimension_numbers"][0][0]) == 1 for e in dots)
+
+
+def _scaled(k_axis):
+  """predecoded_dot on a Predecoded with NVFP4's per-matrix scale dec: dense_dot(x, w) · dec."""
+  return lambda x, w, dec: kernels.predecoded_dot(x, kernels.Predecoded(w=w, dec=dec, axis=-2 if k_axis == 0 else -1))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("k_axis", [0, 1])
+def test_scaled_dot_gradients_equal_the_float64_formula(dtype, k_axis):
+  """With dec, the backward scales the products' outputs: dx = (g · wᵀ) · dec, dw = (xᵀ · g) · dec, within the
+  vjp program's worst-case rounding bound (as above: the f32 sums, dec's product, the cast to the dtype); dec
+  gets no gradient (the scales are not trained). The forward is dense_dot · dec bit for bit."""
+  dt = jnp.dtype(dtype)
+  x, w, g = _operands(dt, k_axis)
+  dec = jnp.float32(0.3125 / 3)  # not a power of two: its products round
+  y = jax.jit(_scaled(k_axis))(x, w, dec)
+  np.testing.assert_array_equal(
+    np.asarray(y), np.asarray(jax.jit(kernels.dense_dot, static_argnums=2)(x, w, k_axis) * dec)
+  )
+  grads = lambda x, w, dec, g: jax.vjp(_scaled(k_axis), x, w, dec)[1](g)[:2]  # noqa: E731
+  dx, dw = jax.jit(grads)(x, w, dec, g)
+  assert dx.dtype == dt and dw.dtype == dt and dx.shape == x.shape and dw.shape == w.shape
+  ddec = jax.jit(lambda x, w, dec, g: jax.vjp(_scaled(k_axis), x, w, dec)[1](g)[2])(x, w, dec, g)
+  assert float(ddec) == 0.0
+  err_dx, err_dw = rounding_bound(grads, x, w, dec, g, model="worst").err
+
+  x64, g64, d64 = np.asarray(x, np.float64), np.asarray(g, np.float64), float(dec)
+  w64 = np.asarray(w, np.float64) if k_axis == 0 else np.asarray(w, np.float64).T  # [K, N]
+  want_dx = np.einsum("btn,kn->btk", g64, w64) * d64
+  want_dw = np.einsum("btk,btn->kn", x64, g64) * d64
+  if k_axis == 1:
+    want_dw = want_dw.T
+  for got, want, err in ((dx, want_dx, err_dx), (dw, want_dw, err_dw)):
+    np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), np.asarray(err, np.float64))
+
+
+def test_scaled_dot_backward_scales_outputs_not_the_cotangent():
+  """What the scaled backward is for: both dots take the cotangent g as it comes (no multiply makes a dot's
+  operand), so the scale is work on the dots' outputs (fused into them on XLA:TPU), and each contracts one axis."""
+  x, w, g = _operands(jnp.float32, 0)
+  _, vjp = jax.vjp(_scaled(0), x, w, jnp.float32(0.5))
+  jaxpr = jax.make_jaxpr(vjp)(g).jaxpr
+
+  def eqns(jaxpr):
+    for e in jaxpr.eqns:
+      yield e
+      for sub in jex.core.jaxprs_in_params(e.params):
+        yield from eqns(sub)
+
+  made_by_mul = {v for e in eqns(jaxpr) if e.primitive.name == "mul" for v in e.outvars}
+  dots = [e for e in eqns(jaxpr) if e.primitive.name == "dot_general"]
+  assert len(dots) == 2
+  assert not any(v in made_by_mul for e in dots for v in e.invars)
+  assert all(len(e.params["dimension_numbers"][0][0]) == 1 for e in dots)
