@@ -98,3 +98,44 @@ def test_auto_keeps_only_where_jax_runs_on_the_cpu():
   assert _decide("0", "cpu", plugins_unasked) == "off (LRL_JAX_KEEP_HOST_MEMORY=0)"
   with pytest.raises(ValueError, match="LRL_JAX_KEEP_HOST_MEMORY='maybe'"):
     _decide("maybe", "cpu", plugins_unasked)
+
+
+_RELEASED_PROBE = r"""
+import ctypes, json, threading, time
+import lrl_jax
+from lrl_jax import hostmem
+
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+out = {"state": hostmem.state()}
+for case, size, free_after in (("late free", 512 << 20, 0.03), ("kept", 512 << 20, None), ("small", 64 << 20, None)):
+  block = [None]
+  t0 = time.perf_counter()
+  with hostmem.released(min_bytes=256 << 20, timeout_s=0.5):
+    before = hostmem.in_use()
+    block[0] = libc.malloc(size)  # a program's temporaries, still allocated when its outputs are ready
+    if free_after is not None:  # ... and freed by another thread a little later, as XLA:CPU's are
+      threading.Timer(free_after, libc.free, (block[0],)).start()
+  waited = time.perf_counter() - t0
+  out[case] = {"waited": waited, "over": hostmem.in_use() - before}
+  if free_after is None:
+    libc.free(block[0])
+print(json.dumps(out))
+"""
+
+
+@_glibc_only
+def test_released_waits_for_a_late_free():
+  """`hostmem.released()` waits on the way out until what the call allocated is back (here: 512 MiB that a timer
+  thread frees 30 ms after the call returns, as XLA:CPU frees a program's temporaries after its outputs are ready);
+  a block that stays ends the wait at the timeout; one under min_bytes is not waited for."""
+  env = {**os.environ, "LRL_JAX_KEEP_HOST_MEMORY": "1", "JAX_PLATFORMS": "cpu"}
+  res = subprocess.run([sys.executable, "-c", _RELEASED_PROBE], env=env, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  r = json.loads(res.stdout.strip().splitlines()[-1])
+  assert r["state"] == "kept"
+  assert 0.03 <= r["late free"]["waited"] < 0.5, r  # waited for the free, not for the timeout
+  assert r["late free"]["over"] < 256 * MiB, r  # and the block was back
+  assert r["kept"]["waited"] >= 0.5 and r["kept"]["over"] >= 512 * MiB, r  # never freed: the timeout ends it
+  assert r["small"]["waited"] < 0.03, r  # under min_bytes: no wait

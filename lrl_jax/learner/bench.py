@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lrl_jax import models, quant
+from lrl_jax.hostmem import released as _released
 from lrl_jax.learner.config import LearnerConfig
 from lrl_jax.learner.state import create_train_state
 from lrl_jax.learner.step import train_step
@@ -210,8 +211,9 @@ def _jax_runner(mc, cfg: LearnerConfig, roll: Rollout, params):
 
   def step():
     nonlocal state
-    state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
-    jax.block_until_ready(m)
+    with _released():  # its temporaries back in the heap before the next step asks for its own
+      state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
+      jax.block_until_ready(m)
 
   step()
   return step

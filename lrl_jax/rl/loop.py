@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from lrl_jax import hostmem, models
 from lrl_jax import learner as L
-from lrl_jax import models
 from lrl_jax.rl import dapo, procs, roles
 from lrl_jax.rl import metrics as M
 from lrl_jax.rl.buffer import OffPolicyQueue, RolloutBuffer
@@ -493,22 +493,25 @@ def _rl_step(
 
   t0 = time.perf_counter()
   roll = _to_learner(roll.replace(rewards=jnp.asarray(shaped, jnp.float32)), mesh, sampler_mesh)
-  roll, prep = L.prepare_rollout(
-    state,
-    roll,
-    ref_params,
-    model_cfg=setup.model_cfg,
-    cfg=lcfg,
-    mesh=mesh,
-    with_old_logp=L.needs_old_logp(lcfg) or off_policy,
-  )
+  with hostmem.released():  # each program's temporaries back in the heap before the next asks for its own
+    roll, prep = L.prepare_rollout(
+      state,
+      roll,
+      ref_params,
+      model_cfg=setup.model_cfg,
+      cfg=lcfg,
+      mesh=mesh,
+      with_old_logp=L.needs_old_logp(lcfg) or off_policy,
+    )
+    roll = jax.block_until_ready(roll)
   buffer.put(roll, step=k)
   ms = []
   for rows in buffer.minibatch_rows():
-    state, m = L.train_step(
-      state, roll, model_cfg=setup.model_cfg, cfg=lcfg, mesh=mesh, rows=None if rows is None else jnp.asarray(rows)
-    )
-    m = jax.device_get(m)
+    with hostmem.released():
+      state, m = L.train_step(
+        state, roll, model_cfg=setup.model_cfg, cfg=lcfg, mesh=mesh, rows=None if rows is None else jnp.asarray(rows)
+      )
+      m = jax.device_get(m)
     guard.check(m, step=k)
     ms.append(m)
   t1 = time.perf_counter()
