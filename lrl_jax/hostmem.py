@@ -18,8 +18,8 @@ regardless, `=0` never.
 One race comes with it. XLA:CPU frees a program's temporaries a few milliseconds after its outputs are ready (4-8 ms
 in every step of a SmolLM2 learner step at 64 x 72 tokens, 2026-12-06). A next program dispatched inside that window
 asks for its own temporaries while the last one's are still allocated, and the heap, which cannot hand a block back,
-grows by a whole temporary block for good (+10.4 GB at once there, against a 10.66 GB `temp_size`, in 3 of 3 runs of
-4-18 back-to-back steps; the third run was killed for memory two steps after it grew). `released()` closes it: wrap
+grows by a whole temporary block for good (+10.4 GB at once there, against a 10.66 GB `temp_size`, in 3 of 4 runs of
+4-18 back-to-back steps; the third was killed for memory two steps after it grew). `released()` closes it: wrap
 each blocking call that runs a large program in it, and it waits on the way out until the heap's in-use bytes are
 back near where they were (the loop's learner and its benchmarks do).
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -138,24 +139,23 @@ class _MallInfo2(ctypes.Structure):
   ]
 
 
-_MALLINFO2 = None
+@functools.cache
+def _mallinfo2():
+  """glibc's `mallinfo2` (>= 2.33), or None."""
+  libc = _glibc()
+  f = getattr(libc, "mallinfo2", None) if libc is not None else None
+  if f is not None:
+    f.restype = _MallInfo2
+  return f
 
 
 def in_use() -> int | None:
   """Bytes glibc's malloc has handed out and not had back (`mallinfo2`: heap blocks in use + mmap-served blocks), or
   None where the C library is not glibc (>= 2.33, which has `mallinfo2`)."""
-  global _MALLINFO2
-  if _MALLINFO2 is None:
-    libc = _glibc()
-    f = getattr(libc, "mallinfo2", None) if libc is not None else None
-    if f is None:
-      _MALLINFO2 = False
-      return None
-    f.restype = _MallInfo2
-    _MALLINFO2 = f
-  if _MALLINFO2 is False:
+  f = _mallinfo2()
+  if f is None:
     return None
-  m = _MALLINFO2()
+  m = f()
   return int(m.uordblks + m.hblkhd)
 
 

@@ -503,7 +503,8 @@ def _rl_step(
       mesh=mesh,
       with_old_logp=L.needs_old_logp(lcfg) or off_policy,
     )
-    roll = jax.block_until_ready(roll)
+    if hostmem.state() == "kept":  # the wait needs the program done; elsewhere keep the dispatch asynchronous
+      roll = jax.block_until_ready(roll)
   buffer.put(roll, step=k)
   ms = []
   for rows in buffer.minibatch_rows():
