@@ -104,7 +104,7 @@ class _Clock:
   """A virtual clock for `hostmem.released()`: sleep advances it; in_use() reads a block that is freed at `free_at`."""
 
   def __init__(self, base, block, free_at):
-    self.t, self.sleeps, self.base, self.block, self.free_at, self.freed = 0.0, 0, base, block, free_at, False
+    self.t, self.sleeps, self.base, self.block, self.free_at, self.started = 0.0, 0, base, block, free_at, False
 
   def perf_counter(self):
     return self.t
@@ -132,7 +132,6 @@ def test_released_waits_until_the_call_s_memory_is_back(case, block, free_at, wa
   from lrl_jax import hostmem
 
   clock = _Clock(base=3 << 30, block=block, free_at=free_at)
-  clock.started = False
   monkeypatch.setattr(hostmem, "_STATE", "kept")
   monkeypatch.setattr(hostmem, "in_use", clock.in_use)
   monkeypatch.setattr(hostmem, "time", clock)

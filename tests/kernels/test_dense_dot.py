@@ -26,6 +26,14 @@ def _operands(dtype, k_axis):
   return x, w, g
 
 
+def _float64_grads(x, w, g, k_axis):
+  """(dx, dw) of x · w against cotangent g in NumPy float64, dw in w's layout."""
+  x64, g64 = np.asarray(x, np.float64), np.asarray(g, np.float64)
+  w64 = np.asarray(w, np.float64) if k_axis == 0 else np.asarray(w, np.float64).T  # [K, N]
+  dw = np.einsum("btk,btn->kn", x64, g64)
+  return np.einsum("btn,kn->btk", g64, w64), dw if k_axis == 0 else dw.T
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("k_axis", [0, 1])
 def test_forward_is_the_dot_bit_for_bit(dtype, k_axis):
@@ -46,13 +54,7 @@ def test_gradients_equal_the_float64_formula(dtype, k_axis):
   assert dx.dtype == dt and dw.dtype == dt and dx.shape == x.shape and dw.shape == w.shape
   err_dx, err_dw = rounding_bound(grads, x, w, g, model="worst").err
 
-  x64, g64 = np.asarray(x, np.float64), np.asarray(g, np.float64)
-  w64 = np.asarray(w, np.float64) if k_axis == 0 else np.asarray(w, np.float64).T  # [K, N]
-  want_dx = np.einsum("btn,kn->btk", g64, w64)
-  want_dw = np.einsum("btk,btn->kn", x64, g64)
-  if k_axis == 1:
-    want_dw = want_dw.T
-  for got, want, err in ((dx, want_dx, err_dx), (dw, want_dw, err_dw)):
+  for got, want, err in zip((dx, dw), _float64_grads(x, w, g, k_axis), (err_dx, err_dw), strict=True):
     np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), np.asarray(err, np.float64))
 
 
@@ -98,13 +100,8 @@ def test_scaled_dot_gradients_equal_the_float64_formula(dtype, k_axis):
   assert float(ddec) == 0.0
   err_dx, err_dw = rounding_bound(grads, x, w, dec, g, model="worst").err
 
-  x64, g64, d64 = np.asarray(x, np.float64), np.asarray(g, np.float64), float(dec)
-  w64 = np.asarray(w, np.float64) if k_axis == 0 else np.asarray(w, np.float64).T  # [K, N]
-  want_dx = np.einsum("btn,kn->btk", g64, w64) * d64
-  want_dw = np.einsum("btk,btn->kn", x64, g64) * d64
-  if k_axis == 1:
-    want_dw = want_dw.T
-  for got, want, err in ((dx, want_dx, err_dx), (dw, want_dw, err_dw)):
+  wants = (want * float(dec) for want in _float64_grads(x, w, g, k_axis))
+  for got, want, err in zip((dx, dw), wants, (err_dx, err_dw), strict=True):
     np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - want), np.asarray(err, np.float64))
 
 
