@@ -106,6 +106,20 @@ def _bf16_stochastic(x, key):
   return jax.lax.bitcast_convert_type((bits + noise) & jnp.uint32(0xFFFF0000), jnp.float32).astype(jnp.bfloat16)
 
 
+def _tie(key, g):
+  """`key` itself, made to depend on the gradient g (on one element of it: the key changes only where that element is
+  NaN, and then the update is NaN anyway).
+
+  The rounding keys depend on Adam's count only, so XLA is free to draw the rounding bits (4 bytes an element, twice
+  over the parameters) at the program's start, and XLA:CPU does: they stayed live through the backward pass's peak
+  (+23 GiB of temporaries at Qwen2.5-7B shapes with two layers). Tied to g, they are drawn once g exists.
+  `lax.optimization_barrier((key, g))` does not do it: XLA:CPU removes barriers before it schedules."""
+  if not jnp.size(g):
+    return key
+  first = g[(0,) * jnp.ndim(g)]  # an index, not a ravel: a sharded g is not gathered for it
+  return jnp.where(jnp.isnan(first), jax.random.fold_in(key, 1), key)
+
+
 def scale_by_adam_8bit(
   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, block: int = 256, nesterov: bool = False
 ) -> optax.GradientTransformation:
@@ -135,8 +149,8 @@ def scale_by_adam_8bit(
     step_key = jax.random.fold_in(jax.random.PRNGKey(_SR_SEED), count)
 
     def one(i, g, mc, ms, v_prev):
-      k_m, k_v = jax.random.split(jax.random.fold_in(step_key, i))
       g = jnp.asarray(g, jnp.float32)
+      k_m, k_v = jax.random.split(jax.random.fold_in(_tie(step_key, g), i))  # drawn once g exists (`_tie`)
       m = b1 * decode_moment(mc, ms, block) + (1.0 - b1) * g
       v = b2 * v_prev.astype(jnp.float32) + (1.0 - b2) * g * g
       m_hat = (b1 * m + (1.0 - b1) * g) / (1.0 - b1 ** (t + 1)) if nesterov else m / (1.0 - b1**t)
