@@ -178,3 +178,16 @@ def test_the_dependence_changes_no_finite_update(monkeypatch):
   want = two_steps()
   for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
     assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_the_tie_reads_the_gradient_on_this_cpu():
+  """On the CPU (`lax.platform_dependent`'s cpu branch) the tied key is the key while the gradient's first element is
+  finite and another one where it is NaN: the branch that runs here reads g."""
+  from lrl_jax.learner import adam8
+
+  assert jax.default_backend() == "cpu"
+  key = jax.random.PRNGKey(7)
+  g = jnp.ones((3, 4), jnp.float32)
+  assert np.array_equal(np.asarray(jax.jit(adam8._tie)(key, g)), np.asarray(key))
+  nan_key = np.asarray(jax.jit(adam8._tie)(key, g.at[0, 0].set(jnp.nan)))
+  assert np.array_equal(nan_key, np.asarray(jax.random.fold_in(key, 1)))
