@@ -25,7 +25,7 @@ lrl-jax bench learner hostmem [--batch 16] [--seq 72] [--repeats 10]
   per setting (it must be set before XLA starts), each with the bf16 and the INT4 g64 QAT step and the INT4 sync of
   SmolLM2-135M shapes compiled; one round runs each once in one worker, then in the other, so a drift in the machine's
   speed reaches both. Medians, the ratio, and the page faults and system time per call.
-lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3]
+lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD ...]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it), tokens trained per second, and
   against the matmul bound: the step's matmul flops (`matmul_flops`) over the machine's measured f32 dot rate.
@@ -600,6 +600,8 @@ def torch_peer(args) -> int:
     "lrl_jax f32, prompt shared, remat dots": LearnerConfig(lr=1e-6, compute_dtype="float32", remat="dots"),
     "lrl_jax bf16, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="bfloat16"),
   }
+  if args.only:  # a subset of the rows (each keeps its own state, params and Adam, for the whole run)
+    arms = {k: v for k, v in arms.items() if any(w in k for w in args.only)}
   steps = {name: _jax_runner(mc, cfg, roll, params) for name, cfg in arms.items()}
   if torch_step is not None:
     steps = {"torch": torch_step, **steps}
@@ -651,7 +653,8 @@ def main(argv=None) -> int:
     nargs="+",
     default=None,
     metavar="WORD",
-    help="memory: only the techniques whose label contains one of these words (the baseline always runs)",
+    help="memory: only the techniques whose label contains one of these words (the baseline always runs); torch: "
+    "only the learner rows whose label contains one",
   )
   ap.add_argument("--tpu", default="v5p:2x2x1", help="aot: the TPU slice to compile for (one chip of it)")
   ap.add_argument(
