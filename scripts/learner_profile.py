@@ -34,24 +34,20 @@ def main() -> int:
   import jax  # noqa: PLC0415
   from jax.profiler import ProfileData  # noqa: PLC0415
 
-  from lrl_jax import hostmem, models  # noqa: PLC0415
-  from lrl_jax.learner import LearnerConfig, create_train_state, train_step  # noqa: PLC0415
-  from lrl_jax.learner.bench import MODELS, _batch  # noqa: PLC0415
+  from lrl_jax import models  # noqa: PLC0415
+  from lrl_jax.learner import LearnerConfig  # noqa: PLC0415
+  from lrl_jax.learner.bench import MODELS, _batch, _jax_runner  # noqa: PLC0415
 
   mc = MODELS["smollm2"]
   cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share)
   roll = _batch(mc, args.batch, 72, 48, 8)
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
-  state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-  state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
-  jax.block_until_ready(m)
+  step = _jax_runner(mc, cfg, roll, params)  # compiled and run once; each step waits for its temporaries' free
   with tempfile.TemporaryDirectory() as d:
     t0 = time.perf_counter()
     with jax.profiler.trace(d):
       for _ in range(args.steps):
-        with hostmem.released():  # the last step's temporaries back in the heap first (`lrl_jax.hostmem`)
-          state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
-          jax.block_until_ready(m)
+        step()
     wall = (time.perf_counter() - t0) / args.steps
     data = ProfileData.from_file(sorted(glob.glob(f"{d}/**/*.xplane.pb", recursive=True))[-1])
     kinds: collections.Counter = collections.Counter()
