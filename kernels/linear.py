@@ -264,6 +264,9 @@ def mosaic_linear(
     grid=(n // WGMMA_M, p.m_pad // p.mt, p.split_k),
     grid_names=("n", "m", "s"),
     scratch_types=scratch,
+    # Lane semantics: the kernels place their registers' layouts themselves (`plgpu.layout_cast`); jax 0.11 made
+    # Warpgroup (layouts inferred) the default, whose inference refuses these kernels' swizzled, transposed views.
+    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
     **kwargs,
   )
   operands = [xp, w.codes, w.scale] + ([w.zero_point] if has_zp else [])

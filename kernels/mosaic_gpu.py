@@ -179,6 +179,9 @@ def mosaic_gpu_2d(x: jax.Array, q: quant.QArray, p: Plan, interpret: bool) -> ja
     grid=(p.m_pad // WGMMA_M, n // p.bn, p.split_k),
     grid_names=("m", "n", "s"),
     scratch_types=scratch,
+    # Lane semantics: the kernels place their registers' layouts themselves (`plgpu.layout_cast`); jax 0.11 made
+    # Warpgroup (layouts inferred) the default, whose inference refuses these kernels' swizzled, transposed views.
+    compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
     **kwargs,
   )
   return _apply_dec(call(*operands).sum(axis=0)[:m], q).astype(x.dtype)

@@ -94,7 +94,7 @@ def _kind(line: str) -> str | None:
     return "permute" if "prmt.b32" in line else None
   if "nvvm.shfl.sync" in line:
     return "shuffle"
-  if re.search(r"= llvm\.load .*!llvm\.ptr<3>", line):
+  if re.search(r"= llvm\.load .*!llvm\.ptr<3>", line) or "= nvvm.ldmatrix " in line:
     return "smem_ld"
   if re.search(r"= arith\.(xori|andi|ori|shrui|shli|select|muli)\b.*: i32$", line):
     return "int32"
@@ -119,7 +119,8 @@ def loop_op_mix(text: str, *, optimized: bool = False) -> dict[str, int]:
              selects)
     bf16x2   packed bf16 arithmetic (scale multiply, zero-point subtract)
     f32      f32 arithmetic and conversions (non-bf16 paths)
-    smem_ld  loads from shared memory (codes, scales)
+    smem_ld  loads from shared memory (codes, scales), one per instruction: ld.shared, or ldmatrix (jax >= 0.11
+             reads the code tile with ldmatrix.x4, four 32-bit registers a thread each)
     wgmma    wgmma instructions (k16 each)
   """
   body = _loop_body(text)

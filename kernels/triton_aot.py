@@ -53,6 +53,7 @@ __all__ = [
   "SMS",
   "TritonIR",
   "CompileReport",
+  "cuda_target",
   "lowered_triton_irs",
   "triton_ir",
   "compile_ir",
@@ -155,6 +156,25 @@ class CompileReport:
     return self.registers <= sm.max_regs_thread and self.shared_bytes <= sm.smem_block and self.per_sm >= 1
 
 
+@contextlib.contextmanager
+def cuda_target(device_kind: str = "NVIDIA H200"):
+  """A context in which the Pallas Triton kernels lower for `cuda` (`jax.export`) on a machine without a GPU.
+
+  jax < 0.11 lowers them without asking for a GPU. jax >= 0.11 reads the target's compute capability from the GPU,
+  or, where there is none, from the abstract mesh's device (`jax.sharding.AbstractDevice`): this sets one, an H200
+  by default (sm_90, as the kernels' targets). A machine with a GPU lowers for its own.
+  """
+  if jax.__version_info__ < (0, 11) or any(d.platform == "gpu" for d in jax.devices()):
+    yield
+    return
+  device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
+  mesh = jax.sharding.AbstractMesh(
+    (1,), ("_cuda_target",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=device
+  )
+  with jax.sharding.use_abstract_mesh(mesh):
+    yield
+
+
 def _hook():
   try:  # lazy: Pallas's Triton backend may be absent (deprecated from jax 0.11)
     from jax._src.pallas.triton import pallas_call_registration as reg  # noqa: PLC0415
@@ -191,7 +211,7 @@ def lowered_triton_irs(fn, *args) -> list[TritonIR]:
   """The TTIR and launch parameters of every Pallas Triton kernel in `jax.jit(fn)(*args)` lowered for cuda."""
   found: list = []
   checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  with _capture(found):
+  with _capture(found), cuda_target():
     export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=checks)(*args)
   irs = []
   for text, warps, stages in found:

@@ -191,8 +191,11 @@ class _Eval:
       env.update(zip(eqn.outvars, self.eqn(eqn, [read(x) for x in eqn.invars], used)))
     return [read(x) for x in jaxpr.outvars]
 
-  def closed(self, cj: jcore.ClosedJaxpr, args):
-    return self.run(cj.jaxpr, cj.consts, args)
+  def closed(self, cj, args):
+    """Run a ClosedJaxpr, or an open Jaxpr without constants (jax >= 0.11 gives scan its body as one)."""
+    if isinstance(cj, jcore.ClosedJaxpr):
+      return self.run(cj.jaxpr, cj.consts, args)
+    return self.run(cj, [], args)
 
   def eqn(self, eqn, vals, used):
     name, params = eqn.primitive.name, eqn.params
@@ -267,8 +270,12 @@ class _Eval:
     raise NotImplementedError(f"no rounding rule for primitive {name!r}")
 
   def scan(self, params, vals):
-    nc, nk = params["num_consts"], params["num_carry"]
-    consts, init, xs = vals[:nc], vals[nc : nc + nk], vals[nc + nk :]
+    if "num_consts" in params:  # jax < 0.11
+      nc, nk = params["num_consts"], params["num_carry"]
+      consts, init, xs = vals[:nc], vals[nc : nc + nk], vals[nc + nk :]
+    else:  # jax >= 0.11: `ft_in`, the flat tree of (consts, carry, xs)
+      consts, init, xs = (list(part) for part in params["ft_in"].update(list(vals)).unpack())
+      nk = len(init)
     meta = []
 
     def f(carry, x):

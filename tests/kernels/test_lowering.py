@@ -14,6 +14,7 @@ from jax import export
 
 from lrl_jax import quant
 from lrl_jax.kernels import BlockConfig, pallas_matmul
+from lrl_jax.kernels.triton_aot import cuda_target, triton_ir
 
 SPECS = [
   quant.Int4(group_size=32),
@@ -43,7 +44,8 @@ def test_lowers(spec, k, n, m, platform):
     return
   f = jax.jit(lambda x, q: pallas_matmul(x, q, block=block, target=target, interpret=False))
   checks = [export.DisabledSafetyCheck.custom_call(CUSTOM_CALL["cuda"])]  # Triton calls carry no compat promise
-  exp = export.export(f, platforms=[platform], disabled_checks=checks)(x, q)
+  with cuda_target():  # jax >= 0.11 asks which GPU it lowers for
+    exp = export.export(f, platforms=[platform], disabled_checks=checks)(x, q)
   assert f"@{CUSTOM_CALL[platform]}" in exp.mlir_module()
 
 
@@ -52,12 +54,10 @@ def test_gpu_row_tile_overhang_is_masked(m, masked):
   """Pallas Triton does not mask a block that overhangs its array, so the kernel does: when M is not a multiple
   of the row tile, the activation loads and the partial-sum store carry a row mask in the Triton IR (x and the
   [S, M, N] partials are not padded to the tile: at M = 1 padding wrote and re-read 16 rows)."""
-  from lrl_jax.kernels import triton_aot  # pylint: disable=g-import-not-at-top
-
   q = jax.eval_shape(
     lambda w: quant.quantize(w, quant.Int4(), axis=-2), jax.ShapeDtypeStruct((4096, 4096), jnp.float32)
   )
-  (ir,) = triton_aot.triton_ir(jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16), q)
+  (ir,) = triton_ir(jax.ShapeDtypeStruct((m, 4096), jnp.bfloat16), q)
   stores = re.findall(r"tt\.store ([^:]*):", ir.ttir)
   x_loads = re.findall(r"tt\.load ([^:]*): tensor<\d+x\d+x!tt\.ptr<bf16>>", ir.ttir)
   x_loads = [ld for ld in x_loads if ld.count("%") > 0]
