@@ -11,8 +11,44 @@ Mosaic GPU is imported inside the functions that trace a kernel, as in the other
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def load(ref, idx, **kwargs):
+  """`plgpu.load` of `ref[idx]` in a register layout (kwargs: layout, optimized), on jax 0.10-0.12.
+
+  jax 0.10 takes the index as an argument, 0.11 deprecates that, 0.12 takes the indexed view (`ref.at[idx]`) only.
+  """
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415  (lazy, as below)
+
+  if jax.__version_info__ < (0, 11):
+    return plgpu.load(ref, idx, **kwargs)
+  return plgpu.load(ref if idx == () else ref.at[idx], **kwargs)
+
+
+def store(ref, value):
+  """`ref[...] = value` from registers into SMEM, bank conflicts allowed (an epilogue's one store per program).
+
+  jax 0.12 refuses a plain `ref[...] = value` whose layout it cannot store without bank conflicts; its
+  `plgpu.store(..., optimized=False)` is the store jax 0.10 and 0.11 made of `ref[...] = value`.
+  """
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
+  if hasattr(plgpu, "store"):
+    plgpu.store(ref, value, optimized=False)
+  else:
+    ref[...] = value
+
+
+def transpose(ref, perm):
+  """A transposed view of an SMEM ref (`ref.transpose` from jax 0.11, which deprecates `plgpu.transpose_ref`)."""
+  if jax.__version_info__ < (0, 11):
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+
+    return plgpu.transpose_ref(ref, perm)
+  return ref.transpose(perm)
 
 
 def _codes_as_int4(c_smem, *, flip: bool = True):
@@ -39,7 +75,7 @@ def _codes_as_int4(c_smem, *, flip: bool = True):
     fa.Tiling(byte_tiles), warp_dims=up4.warp_dims, lane_dims=up4.lane_dims, vector_dim=up4.vector_dim
   )
   rows, cols = c_smem.shape
-  raw = plgpu.load(c_smem, (), layout=bytes_layout)
+  raw = load(c_smem, (), layout=bytes_layout)
 
   @plgpu.inline_mgpu(
     arg_types=(bytes_layout,),

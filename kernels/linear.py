@@ -62,6 +62,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
+from lrl_jax.kernels import _mgpu_decode as _mgpu
 from lrl_jax.kernels import dispatch
 from lrl_jax.kernels._decode import _e2m1
 from lrl_jax.kernels._mgpu_decode import _codes_as_int4, _e2m1_as_bf16
@@ -146,7 +147,7 @@ def _kernel(
     """Column `col` of a [64, ns] SMEM tile as a [64] vector in the row layout of the wgmma layout."""
     if interpret:
       return ref[:, col]
-    return plgpu.load(ref, (slice(None), col), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+    return _mgpu.load(ref, (slice(None), col), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
 
   def decode(c_s):
     """The [64, bk/2] uint8 code tile as q [64, bk] (bf16, exact), in the wgmma register layout.
@@ -182,7 +183,7 @@ def _kernel(
         xt_scr[...] = x_s[:, pl.ds(g * width, width)].T
         plgpu.wgmma(acc_ref, w_scr, xt_scr)
       else:
-        xt = plgpu.transpose_ref(x_s, (1, 0))
+        xt = _mgpu.transpose(x_s, (1, 0))
         if p.slices > 1:
           xt = xt.at[pl.ds(g * width, width), :]
         plgpu.wgmma(acc_ref, w, xt)
@@ -200,7 +201,7 @@ def _kernel(
     )(x_g, c_g)
     return acc_ref[...]
 
-  o_smem[...] = pl.run_scoped(run, plgpu.ACC((WGMMA_M, p.mt), jnp.float32))
+  _mgpu.store(o_smem, pl.run_scoped(run, plgpu.ACC((WGMMA_M, p.mt), jnp.float32)))
   plgpu.commit_smem()
   plgpu.copy_smem_to_gmem(o_smem, o_g.at[sp, rows, pl.ds(i * p.mt, p.mt)])
   plgpu.wait_smem_to_gmem(0)

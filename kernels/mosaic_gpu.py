@@ -43,6 +43,7 @@ from jax import export, lax
 from jax.experimental import pallas as pl
 
 from lrl_jax import quant
+from lrl_jax.kernels import _mgpu_decode as _mgpu
 from lrl_jax.kernels._decode import _apply_dec, _decode_scale, dequant_plane, kernel_operands
 from lrl_jax.kernels.blocks import WGMMA_M, Plan
 
@@ -92,7 +93,7 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtyp
     # `wgmma` register layout for the decoded tile, read from unswizzled SMEM.
     if interpret:
       return ref[...]
-    return plgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
+    return _mgpu.load(ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
 
   def row_broadcast(ref, decode):
     # One scale row for the whole chunk: read it in the column layout of the wgmma register layout and
@@ -100,7 +101,7 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtyp
     if interpret:
       r = ref[0, :]
     else:
-      r = plgpu.load(ref, (0, slice(None)), layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
+      r = _mgpu.load(ref, (0, slice(None)), layout=plgpu.Layout.WGMMA.reduce(0), optimized=False)
     return lax.broadcast_in_dim(decode(r), (rows, p.bn), (1,))  # not [None, :]: a (1, bn) has no wgmma layout
 
   def scales(ref, staging, decode):
@@ -138,7 +139,7 @@ def _kernel(*refs, w_smem, sx, zx, spec, p: Plan, n_x: int, has_zp: bool, x_dtyp
 
   acc = pl.run_scoped(run, plgpu.ACC((WGMMA_M, p.bn), jnp.float32))
   o_smem = sx  # the (64, bn) f32 scale tile is free once the pipeline is done: the output's staging tile
-  o_smem[...] = acc
+  _mgpu.store(o_smem, acc)
   plgpu.commit_smem()
   out_rows = o_g.shape[1] if p.m_pad == WGMMA_M else WGMMA_M  # one row tile: only M rows are stored
   plgpu.copy_smem_to_gmem(
