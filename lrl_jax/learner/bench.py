@@ -25,10 +25,11 @@ lrl-jax bench learner hostmem [--batch 16] [--seq 72] [--repeats 10]
   per setting (it must be set before XLA starts), each with the bf16 and the INT4 g64 QAT step and the INT4 sync of
   SmolLM2-135M shapes compiled; one round runs each once in one worker, then in the other, so a drift in the machine's
   speed reaches both. Medians, the ratio, and the page faults and system time per call.
-lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD ...]
+lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD ...] [--torch-device cpu | cuda]
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
-  transformers + torch f32 on the CPU (the `ref` extra; skipped without it), tokens trained per second, and
-  against the matmul bound: the step's matmul flops (`matmul_flops`) over the machine's measured f32 dot rate.
+  transformers + torch f32 on the CPU (the `ref` extra; skipped without it; `--torch-device cuda`: on the GPU, beside
+  the learner on JAX's GPU backend), tokens trained per second, and against the matmul bound: the step's matmul flops
+  (`matmul_flops`) over the machine's measured f32 dot rate.
 """
 
 from __future__ import annotations
@@ -529,15 +530,21 @@ def matmul_time(products: dict, dtype=jnp.float32, repeats: int = 5) -> float:
   return total
 
 
-def _torch_runner(batch: int, seq: int, prompt: int, threads: int):
+def _torch_runner(batch: int, seq: int, prompt: int, threads: int, device: str = "cpu"):
   """(a callable that runs one transformers + torch f32 step: forward, a masked token log-prob loss, backward, AdamW;
-  run once here, label), or (None, why not)."""
+  run once here, label), or (None, why not). device "cuda": the model and batch on the GPU, TF32 matmuls allowed
+  (what XLA's default precision does with f32 dots there), the callable waiting for the GPU."""
   try:
     import torch  # noqa: PLC0415  (the `ref` extra)
     import transformers  # noqa: PLC0415
   except ImportError as e:
     return None, f"skipped: {e} (pip install -e '.[ref]')"
+  if device != "cpu" and not torch.cuda.is_available():
+    return None, f"skipped: torch {torch.__version__} sees no {device} device"
   torch.set_num_threads(threads)
+  if device != "cpu":
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
   mc = MODELS["smollm2"]
   hf = transformers.LlamaConfig(
     vocab_size=mc.vocab_size,
@@ -551,11 +558,11 @@ def _torch_runner(batch: int, seq: int, prompt: int, threads: int):
     max_position_embeddings=mc.max_position_embeddings,
   )
   torch.manual_seed(0)
-  model = transformers.LlamaForCausalLM(hf).float().train()
+  model = transformers.LlamaForCausalLM(hf).float().train().to(device)
   opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
   g = torch.Generator().manual_seed(0)
-  ids = torch.randint(0, mc.vocab_size, (batch, seq), generator=g)
-  adv = torch.randn(batch, generator=g)
+  ids = torch.randint(0, mc.vocab_size, (batch, seq), generator=g).to(device)
+  adv = torch.randn(batch, generator=g).to(device)
 
   def step():
     opt.zero_grad(set_to_none=True)
@@ -565,9 +572,12 @@ def _torch_runner(batch: int, seq: int, prompt: int, threads: int):
     loss = -(logp * adv[:, None]).mean()
     loss.backward()
     opt.step()
+    if device != "cpu":
+      torch.cuda.synchronize()
 
   step()
-  return step, f"transformers {transformers.__version__} + torch {torch.__version__} f32"
+  tf32 = "" if device == "cpu" else f" ({device}, TF32 matmuls)"
+  return step, f"transformers {transformers.__version__} + torch {torch.__version__} f32{tf32}"
 
 
 def torch_peer(args) -> int:
@@ -578,8 +588,8 @@ def torch_peer(args) -> int:
   n_tok = args.batch * args.seq
   print(
     f"SmolLM2-135M shapes (random weights), one GRPO-sized step (forward + backward + AdamW) on {args.batch} x "
-    f"{args.seq} tokens (loss on the last {args.seq - args.prompt}), {threads} cores; median of {args.repeats}, "
-    "one step of each row per round",
+    f"{args.seq} tokens (loss on the last {args.seq - args.prompt}), {threads} cores, JAX on {jax.default_backend()}, "
+    f"torch on {args.torch_device}; median of {args.repeats}, one step of each row per round",
     flush=True,
   )
   rate = _dot_rate()
@@ -589,7 +599,7 @@ def torch_peer(args) -> int:
     "| matmuls at the step's shapes s | vs those |"
   )
   print("|---|---|---|---|---|---|---|---|---|")
-  torch_step, label = _torch_runner(args.batch, args.seq, args.prompt, threads)
+  torch_step, label = _torch_runner(args.batch, args.seq, args.prompt, threads, args.torch_device)
   arms = {
     "lrl_jax f32, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="float32"),
     "lrl_jax f32, no sharing": LearnerConfig(lr=1e-6, compute_dtype="float32", share_prompt=False),
@@ -655,6 +665,12 @@ def main(argv=None) -> int:
     metavar="WORD",
     help="memory: only the techniques whose label contains one of these words (the baseline always runs); torch: "
     "only the learner rows whose label contains one",
+  )
+  ap.add_argument(
+    "--torch-device",
+    default="cpu",
+    choices=["cpu", "cuda"],
+    help="torch: where the torch peer runs (cuda: beside the learner on a GPU; the learner: JAX's default backend)",
   )
   ap.add_argument("--tpu", default="v5p:2x2x1", help="aot: the TPU slice to compile for (one chip of it)")
   ap.add_argument(

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 25's accelerator rows (the learner on a GPU), results under $OUT (default ./device_out). Run it after
+# scripts/device_check.sh, on the same warm machine or a fresh one, with the same `.whl` carried:
+#   run(command="OUT=$OUT bash scripts/device_learner.sh", carry=[".whl"], timeout_s=420)
+# In order of what the issue needs most, each with its own time limit, each table written as it is made:
+#   1. QAT's price: the bf16 step vs the INT4 / NVFP4 / FP8 QAT steps at an RL step's shapes (B x T, prompt P),
+#      side by side, and the weight sync as a fraction of the step (target: QAT <= 1.10x bf16, sync <= 2%);
+#   2. the compiled step's peak memory on the GPU backend (baseline vs all techniques; target <= 38%), SmolLM2-135M
+#      and Qwen2.5-7B shapes (compiled, not run);
+#   3. the learner against transformers + torch on the same GPU (f32; TF32 matmuls on both sides), at TB x T.
+# Shapes from the environment: B=64 T=1024 P=256 TB=32 R=5 (timed steps). A CPU smoke run of the same commands:
+#   B=16 T=72 P=48 TB=16 R=1 OUT=/tmp/dl bash scripts/device_learner.sh
+set -u
+OUT=${OUT:-device_out}; mkdir -p "$OUT"
+B=${B:-64}; T=${T:-1024}; P=${P:-256}; TB=${TB:-32}; R=${R:-5}
+if [ -d .whl ]; then
+  SITE=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+    && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 -c "import lrl_jax" 2>/dev/null \
+  || python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install_learner.log" 2>&1 \
+  || cat "$OUT/install_learner.log"
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; \
+  python3 -c "import jax; print(jax.__version__, jax.devices())"; } > "$OUT/machine_learner.txt" 2>&1
+cat "$OUT/machine_learner.txt"
+run() {  # run NAME LIMIT_S ARGS...: one benchmark, its table to $OUT/learner_NAME.md and to stdout
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" python3 -m lrl_jax bench learner "$@" > "$OUT/learner_$name.md" 2>&1
+  echo "bench learner $* exit $?" >> "$OUT/learner_$name.md"
+  tail -12 "$OUT/learner_$name.md"
+}
+run qat 200 qat --batch "$B" --seq "$T" --prompt "$P" --repeats "$R"
+run memory 120 memory --models smollm2 qwen2.5-7b --batch "$B" --seq "$T" --prompt "$P" --only all
+run torch 150 torch --torch-device cuda --batch "$TB" --seq "$T" --prompt "$P" --repeats "$R"
