@@ -6,7 +6,7 @@ lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1
   Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
   then all.
 lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches 1]
-                          [--before [matmul | micro-batch | nvfp4]]
+                          [--before [matmul | micro-batch | nvfp4]] [--remat none] [--logit-chunk N]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
   process (median of `repeats`, timed round-robin, compile excluded), their ratio (`--before matmul`: also each step
   with its kernels fake-quantized at every matmul, as the learner did before it hoisted that out of the layer scan;
@@ -310,11 +310,18 @@ def qat(args) -> int:
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
   print(
     f"SmolLM2-135M shapes (random weights), GRPO step on {args.batch} x {args.seq} tokens (prompt {args.prompt}, "
-    f"groups of {args.group}), bf16 compute, {args.micro_batches} micro-batch(es), {jax.default_backend()}, "
+    f"groups of {args.group}), bf16 compute, {args.micro_batches} micro-batch(es), remat {args.remat}, logits "
+    f"{'whole' if args.logit_chunk is None else f'in chunks of {args.logit_chunk}'}, {jax.default_backend()}, "
     f"{os.cpu_count()} cores; median of {args.repeats}, steps timed round-robin, compile excluded",
     flush=True,
   )
-  base_cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", micro_batches=args.micro_batches)
+  base_cfg = LearnerConfig(
+    lr=1e-6,
+    compute_dtype="bfloat16",
+    micro_batches=args.micro_batches,
+    remat=args.remat,
+    logit_chunk=args.logit_chunk,
+  )
   arms = {"bf16": base_cfg, **{f"{n} QAT": base_cfg.replace(qat=s) for n, s in QAT_FORMATS.items()}}
   runs, cost = {}, {}  # keyed by (arm, suffix)
   if args.before == "micro-batch" and args.micro_batches < 2:
@@ -658,6 +665,16 @@ def main(argv=None) -> int:
     "NVFP4's operand made through packed codes and XLA's f8 / f4 converts (nvfp4), as before `quant.nvfp4_operand`",
   )
   ap.add_argument("--micro-batches", type=int, default=1, help="qat: learner.micro_batches of every step")
+  ap.add_argument(
+    "--remat",
+    default="none",
+    choices=["none", "full", "dots", "dots_no_batch", "offload"],
+    help="qat: learner.remat of every step (an RL step's shapes on an accelerator need one: 64 x 1024 unremat peaks "
+    "at ~233 GiB)",
+  )
+  ap.add_argument(
+    "--logit-chunk", type=int, default=None, help="qat: learner.logit_chunk of every step (default: logits whole)"
+  )
   ap.add_argument(
     "--only",
     nargs="+",
