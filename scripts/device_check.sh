@@ -9,15 +9,7 @@
 # and NVFP4, the nn.Linear-layout kernel ("linear", kernels/linear.py) side by side.
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
-if [ -d .whl ]; then
-  SITE=$(mktemp -d)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || cat "$OUT/install.log"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; \
-  python3 -c "import jax; print(jax.__version__, jax.devices())"; } > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+source "$(dirname "$0")/device_setup.sh" machine.txt
 LRL_JAX_REQUIRE_DEVICE=1 timeout 180 python3 -m pytest -q -p no:cacheprovider -m device tests/device \
   > "$OUT/device_tests.txt" 2>&1; echo "device tests exit $?" | tee -a "$OUT/device_tests.txt"
 tail -5 "$OUT/device_tests.txt"

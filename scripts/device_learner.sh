@@ -17,17 +17,7 @@
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 B=${B:-64}; T=${T:-1024}; P=${P:-256}; TB=${TB:-16}; TT=${TT:-512}; TP=${TP:-128}; R=${R:-5}
-if [ -d .whl ]; then
-  SITE=$(mktemp -d)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
-    && export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
-fi
-python3 -c "import lrl_jax" 2>/dev/null \
-  || python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install_learner.log" 2>&1 \
-  || cat "$OUT/install_learner.log"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; \
-  python3 -c "import jax; print(jax.__version__, jax.devices())"; } > "$OUT/machine_learner.txt" 2>&1
-cat "$OUT/machine_learner.txt"
+source "$(dirname "$0")/device_setup.sh" machine_learner.txt
 run() {  # run NAME LIMIT_S ARGS...: one benchmark, its table to $OUT/learner_NAME.md and to stdout
   local name=$1 limit=$2; shift 2
   timeout "$limit" python3 -m lrl_jax bench learner "$@" > "$OUT/learner_$name.md" 2>&1

@@ -49,7 +49,7 @@ import numpy as np
 
 from lrl_jax import models, quant
 from lrl_jax.hostmem import released as _released
-from lrl_jax.learner.config import LearnerConfig
+from lrl_jax.learner.config import REMATS, LearnerConfig
 from lrl_jax.learner.state import create_train_state
 from lrl_jax.learner.step import train_step
 from lrl_jax.models import decoder
@@ -668,7 +668,7 @@ def main(argv=None) -> int:
   ap.add_argument(
     "--remat",
     default="none",
-    choices=["none", "full", "dots", "dots_no_batch", "offload"],
+    choices=REMATS,
     help="qat: learner.remat of every step (an RL step's shapes on an accelerator need one: 64 x 1024 unremat peaks "
     "at ~233 GiB)",
   )

@@ -35,6 +35,8 @@ PolicyLoss = Literal["grpo", "ppo", "gspo"]
 Correction = Literal["none", "tis", "mis", "acrl"]
 POLICY_LOSSES: tuple[str, ...] = typing.get_args(PolicyLoss)
 CORRECTIONS: tuple[str, ...] = typing.get_args(Correction)
+Remat = Literal["none", "full", "dots", "dots_no_batch", "offload"]  # models.remat_policy
+REMATS: tuple[str, ...] = typing.get_args(Remat)
 
 # The levels each correction takes (None: no level); the first is the loss function's default.
 _LEVELS = {"none": (), "acrl": (), "tis": ("token", "sequence"), "mis": ("sequence", "geometric", "token")}
@@ -163,7 +165,7 @@ class LearnerConfig(Schema):
   micro_batches: int = 1  # gradient-accumulation splits of each minibatch (exact: same loss and gradient)
   compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
   temperature: float = set_by("sampler.temperature", 1.0)  # π = softmax(logits / T), the distribution μ samples
-  remat: bool | Literal["none", "full", "dots", "dots_no_batch", "offload"] = "none"  # models.remat_policy
+  remat: bool | Remat = "none"  # models.remat_policy
   logit_chunk: int | None = None  # logits in chunks of this many positions, recomputed in backward; null: at once
   share_prompt: bool = True  # run a group's shared prompt once for its G rows (exact up to the order of float sums)
   lora: LoraConfig | None = None  # train LoRA adapters over the frozen (possibly low-bit) base; null = full fine-tuning
