@@ -29,7 +29,8 @@ lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD .
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it; `--torch-device cuda`: on the GPU, beside
   the learner on JAX's GPU backend), tokens trained per second, and against the matmul bound: the step's matmul flops
-  (`matmul_flops`) over the machine's measured f32 dot rate.
+  (`matmul_flops`) over the machine's measured f32 dot rate; and against that bound plus the time the step's other
+  ops need to move their bytes (`traffic.program_bytes` of the compiled step) at the machine's measured bandwidth.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import numpy as np
 
 from lrl_jax import models, quant
 from lrl_jax.hostmem import released as _released
+from lrl_jax.learner import traffic
 from lrl_jax.learner.config import REMATS, LearnerConfig
 from lrl_jax.learner.state import create_train_state
 from lrl_jax.learner.step import train_step
@@ -495,6 +497,13 @@ def _dot_rate(n: int = 2048, repeats: int = 5) -> float:
   return 2 * n**3 / _best_time(jax.jit(lambda x, y: x @ y), a, a, repeats=repeats)
 
 
+def _bandwidth(n: int = 1 << 26, repeats: int = 7) -> float:
+  """This machine's measured memory bandwidth (bytes/s) through XLA: x * a + y on n f32 elements (256 MiB arrays
+  by default, far past the caches), 3 n · 4 bytes read and written, best of `repeats`."""
+  x = jnp.ones((n,), jnp.float32)
+  return 3 * 4 * n / _best_time(jax.jit(lambda x, y: x * 1.5 + y), x, x + 1, repeats=repeats)
+
+
 def step_matmuls(mc, batch: int, seq: int, prompt: int, group: int, *, share_prompt: bool = True) -> dict:
   """{(b, m, k, n): how many} of the [b, m, k] @ [b, k, n] products one train step (forward + backward, no remat)
   computes, as the grouped forward lays them out: the prompt once per group (`share_prompt`) then every row's
@@ -599,13 +608,17 @@ def torch_peer(args) -> int:
     f"torch on {args.torch_device}; median of {args.repeats}, one step of each row per round",
     flush=True,
   )
-  rate = _dot_rate()
-  print(f"measured f32 dot rate (2048^3, XLA): {rate / 1e9:.1f} GFLOP/s", flush=True)
+  rate, bw = _dot_rate(), _bandwidth()
+  print(
+    f"measured f32 dot rate (2048^3, XLA): {rate / 1e9:.1f} GFLOP/s; memory bandwidth (x * a + y, 256 MiB, XLA): "
+    f"{bw / 1e9:.1f} GB/s",
+    flush=True,
+  )
   print(
     "\n| learner | step s | tokens / s | vs torch | matmul flops / step (from the shapes) | matmul bound s | vs bound "
-    "| matmuls at the step's shapes s | vs those |"
+    "| matmuls at the step's shapes s | vs those | other ops' GB / step (HLO) | matmul + traffic bound s | vs that |"
   )
-  print("|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   torch_step, label = _torch_runner(args.batch, args.seq, args.prompt, threads, args.torch_device)
   arms = {
     "lrl_jax f32, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="float32"),
@@ -628,17 +641,20 @@ def torch_peer(args) -> int:
   for name, cfg in arms.items():
     flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
     shapes = step_matmuls(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
-    rows.append((name, med[name], flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype))))
+    # the bytes of every op that is not a dot, as XLA compiled the step (the layer loop's ops times its trip count)
+    _, other = traffic.program_bytes(_compiled_step(mc, cfg, roll).as_text())
+    rows.append((name, med[name], flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype)), other))
   if t_torch is not None:
-    print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | |")
+    print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | | | | | | |")
   else:
-    print(f"| transformers + torch | — | — | {label} | | | |")
-  for name, t, flops, at_shapes in rows:
+    print(f"| transformers + torch | — | — | {label} | | | | | | | | |")
+  for name, t, flops, at_shapes, other in rows:
     vs = f"{t_torch / t:.2f}x" if t_torch else ""
     bound = flops / rate
+    both = bound + other / bw
     print(
       f"| {name} | {t:.2f} | {n_tok / t:.0f} | {vs} | {flops / 1e12:.2f} T | {bound:.2f} | {t / bound:.2f}x "
-      f"| {at_shapes:.2f} | {t / at_shapes:.2f}x |"
+      f"| {at_shapes:.2f} | {t / at_shapes:.2f}x | {other / 1e9:.1f} | {both:.2f} | {t / both:.2f}x |"
     )
   return 0
 

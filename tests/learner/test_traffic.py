@@ -1,0 +1,135 @@
+"""lrl_jax.learner.traffic: each op's bytes from the optimized HLO, checked against XLA's own count
+(`compiled.cost_analysis()["bytes accessed"]`, HloCostAnalysis in C++) where the two count alike, and against the
+shapes' arithmetic where they do not (gathers, loops)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lrl_jax.learner import traffic
+
+
+def _compiled(f, *args):
+  return jax.jit(f).lower(*args).compile()
+
+
+def _xla_bytes(c) -> float:
+  cost = c.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return cost["bytes accessed"]
+
+
+@pytest.mark.parametrize(
+  "shape, nbytes",
+  [
+    ("f32[2,3]{1,0}", 24),
+    ("bf16[4]{0}", 8),
+    ("s32[]", 4),
+    ("(f32[2]{0}, s8[3]{0}, pred[])", 12),
+    ("u4[5]{0}", 3),  # 20 bits, rounded up to whole bytes
+    ("f8e4m3fn[16,16]{1,0}", 256),
+  ],
+)
+def test_shape_bytes(shape, nbytes):
+  assert traffic.shape_bytes(shape) == nbytes
+
+
+def test_shape_bytes_names_an_unknown_type():
+  with pytest.raises(ValueError, match="q7"):
+    traffic.shape_bytes("q7[3]{0}")
+
+
+def _mlp_adamw_step():
+  w = [jnp.ones((256, 512)), jnp.ones((512, 256))]
+  opt = optax.adamw(1e-3)
+
+  def step(w, s, x):
+    g = jax.grad(lambda w, x: jnp.mean(jnp.tanh(x @ w[0]) @ w[1]))(w, x)
+    u, s = opt.update(g, s, w)
+    return optax.apply_updates(w, u), s
+
+  return step, (w, opt.init(w), jnp.ones((64, 256)))
+
+
+x = jnp.ones((1000, 100))
+PROGRAMS = {
+  "elementwise": (lambda x, y: x * 2 + y, (x, x)),
+  "dot and reduce": (lambda x, y: jnp.tanh(x @ y.T).sum(0), (x, x)),
+  "update slice (a copy: not donated)": (lambda x, y: jax.lax.dynamic_update_slice(x, y[:10] * 2, (5, 0)), (x, x)),
+  "scatter-add": (lambda e, i, g: jnp.zeros_like(e).at[i].add(g), (x, jnp.arange(50) % 7, x[:50])),
+  "cumsum": (lambda x: jnp.cumsum(x, 0), (x,)),
+  "pad and concatenate": (lambda x, y: jnp.concatenate([jnp.pad(x, ((1, 2), (0, 0))), y]) + 1, (x, x[:7])),
+  "logsumexp": (lambda x: jax.nn.logsumexp(x, -1), (x,)),
+  "sort": (lambda x: jnp.sort(x, 0), (x,)),
+  "mlp + adamw step": _mlp_adamw_step(),
+}
+
+
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_sum_is_xla_count_without_loops_or_gathers(name):
+  """Exact: both count whole bytes of the same compiled program's ops by the same rules, but for the program's
+  output tuple, whose table of pointers XLA counts (8 bytes an element) and traffic.py does not."""
+  f, args = PROGRAMS[name]
+  c = _compiled(f, *args)
+  ops = traffic.op_bytes(c.as_text())
+  leaves = len(jax.tree.leaves(jax.eval_shape(f, *args)))
+  assert all(op.runs == 1 for op in ops.values())
+  assert sum(op.bytes for op in ops.values()) == _xla_bytes(c) - (8 * leaves if leaves > 1 else 0)
+
+
+def test_dots_are_marked():
+  c = _compiled(lambda x, y: jnp.tanh(x @ y.T), x, x)
+  ops = traffic.op_bytes(c.as_text())
+  dots = [op for op in ops.values() if op.is_dot]
+  assert len(dots) == 1
+  dot_bytes, rest = traffic.program_bytes(c.as_text())
+  assert dot_bytes == dots[0].bytes and dot_bytes + rest == _xla_bytes(c)
+  # the dot reads both [1000, 100] operands and writes [1000, 1000] at the least (tanh may fuse into it)
+  assert dot_bytes >= 4 * (2 * 1000 * 100 + 1000 * 1000)
+
+
+def test_gather_reads_the_rows_it_gathers():
+  """An embedding lookup: the rows, the indices and the result; XLA counts the whole table instead."""
+  table, idx = jnp.ones((1000, 64)), jnp.arange(100) % 7
+  c = _compiled(lambda t, i: t[i], table, idx)
+  rows = 100 * 64 * 4
+  assert sum(op.bytes for op in traffic.op_bytes(c.as_text()).values()) == rows + 100 * 4 + rows
+  assert _xla_bytes(c) >= 1000 * 64 * 4
+
+
+def test_loop_ops_run_their_trip_count():
+  """A scan over 12 steps that stacks its outputs: the body's ops run 12 times, and what they move adds up to at
+  least the stacked [12, 256, 128] f32 outputs written and the xs read, with the buffer updated in place."""
+  n, shape = 12, (256, 128)
+  xs = jnp.asarray(np.random.default_rng(0).standard_normal((n, *shape)), jnp.float32)
+
+  def f(xs):
+    return jax.lax.scan(lambda c, x: (c + x, jnp.sin(x) * c), jnp.zeros(shape), xs)
+
+  text = _compiled(f, xs).as_text()
+  ops = traffic.op_bytes(text)
+  assert {op.runs for op in ops.values() if op.bytes} >= {n}
+  total = sum(op.bytes * op.runs for op in ops.values())
+  assert sum(traffic.program_bytes(text)) == total
+  slab = int(np.prod(shape)) * 4
+  assert total >= 2 * n * slab  # xs read, ys written
+  # in place: a few slabs a step (the slice, the carry, the update), where copying the stacked [12, ...] buffer
+  # would read and write 2 x 12 slabs a step
+  assert total < 12 * n * slab
+
+
+def test_unknown_trip_count_is_refused():
+  def f(x):
+    return jax.lax.while_loop(lambda c: c[0] < c[1].sum(), lambda c: (c[0] + 1, c[1] * 2), (0, x))[1]
+
+  text = _compiled(f, x).as_text()
+  assert any(op.runs is None for op in traffic.op_bytes(text).values())
+  with pytest.raises(ValueError, match="unknown trip count"):
+    traffic.program_bytes(text)
+
+
+def test_text_without_entry_is_refused():
+  with pytest.raises(ValueError, match="ENTRY"):
+    traffic.op_bytes("HloModule m\n")
