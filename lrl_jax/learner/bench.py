@@ -629,6 +629,10 @@ def torch_peer(args) -> int:
     ),
     "lrl_jax f32, prompt shared, remat dots": LearnerConfig(lr=1e-6, compute_dtype="float32", remat="dots"),
     "lrl_jax bf16, prompt shared": LearnerConfig(lr=1e-6, compute_dtype="bfloat16"),
+    # XLA:CPU rewrites a bf16 scan's stacked residuals whole each layer; straight-line layers write each once
+    "lrl_jax bf16, prompt shared, layers unrolled": LearnerConfig(
+      lr=1e-6, compute_dtype="bfloat16", unroll_layers=True
+    ),
   }
   if args.only:  # a subset of the rows (each keeps its own state, params and Adam, for the whole run)
     arms = {k: v for k, v in arms.items() if any(w in k for w in args.only)}

@@ -166,6 +166,7 @@ class LearnerConfig(Schema):
   compute_dtype: _DTYPE = "bfloat16"  # forward / backward activation dtype (log-probs and losses stay float32)
   temperature: float = set_by("sampler.temperature", 1.0)  # π = softmax(logits / T), the distribution μ samples
   remat: bool | Remat = "none"  # models.remat_policy
+  unroll_layers: bool = False  # trained layer loop unrolled, not a scan: bf16 on XLA:CPU ~15% faster (learner README)
   logit_chunk: int | None = None  # logits in chunks of this many positions, recomputed in backward; null: at once
   share_prompt: bool = True  # run a group's shared prompt once for its G rows (exact up to the order of float sums)
   lora: LoraConfig | None = None  # train LoRA adapters over the frozen (possibly low-bit) base; null = full fine-tuning
@@ -214,6 +215,7 @@ class LearnerConfig(Schema):
     self._check(self.temperature > 0, "temperature", "must be > 0 (greedy rollouts report μ at 1)")
     self._check(self.logit_chunk is None or self.logit_chunk >= 1, "logit_chunk", "must be >= 1 or null")
     self._check(self.opt_state_block >= 1, "opt_state_block", "must be >= 1")
+    self._check(isinstance(self.unroll_layers, bool), "unroll_layers", "must be true or false")
     if isinstance(self.remat, bool):  # true / false of older configs: the whole block, or nothing
       object.__setattr__(self, "remat", "full" if self.remat else "none")
     self._check(self.minibatches >= 1, "minibatches", "must be >= 1")

@@ -141,9 +141,11 @@ def _numerics(cfg: LearnerConfig, qat_alpha, step=None) -> Numerics:
   return Numerics(qat_rules=cfg.qat_rules, qat_alpha=qat_alpha, key=key)
 
 
-def _hidden(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, numerics: Numerics, remat: bool = False):
+def _hidden(
+  params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, numerics: Numerics, remat=False, unroll=False
+):
   """hidden [B, T, D] of the rollout's rows; a grouped rollout runs each group's shared prompt once."""
-  common = dict(positions_BT=r.positions, valid_BT=r.valid, numerics=numerics, lora=lora, remat=remat)
+  common = dict(positions_BT=r.positions, valid_BT=r.valid, numerics=numerics, lora=lora, remat=remat, unroll=unroll)
   if cfg.share_prompt and r.group_size > 1 and r.prompt_len > 0:
     h, _ = forward_hidden_grouped(params, r.tokens, mcfg, group_size=r.group_size, prompt_len=r.prompt_len, **common)
   else:
@@ -278,7 +280,8 @@ def _learner_hidden(params, rollout: Rollout, model_cfg: ModelConfig, cfg: Learn
 
 def _policy(params, lora, r: Rollout, mcfg: ModelConfig, cfg: LearnerConfig, *, step, with_entropy=False):
   """(logp [B, T], entropy [B, T] or None, hidden [B, T, D]) under the learner's numerics at `step`."""
-  h = _hidden(params, lora, r, mcfg, cfg, _numerics(cfg, cfg.qat_alpha(step), step), remat=cfg.remat)
+  numerics = _numerics(cfg, cfg.qat_alpha(step), step)
+  h = _hidden(params, lora, r, mcfg, cfg, numerics, remat=cfg.remat, unroll=cfg.unroll_layers)
   out = logprobs_from_hidden(
     params,
     h,

@@ -728,10 +728,12 @@ def forward_hidden(
   numerics: Numerics | None = None,
   lora=None,
   remat: bool | str = False,
+  unroll: bool = False,
 ):
   """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
 
-  Same arguments as `forward`.
+  Same arguments as `forward`; `unroll`: the layer loop (without a cache) as straight-line code instead of a
+  `lax.scan` (the same numbers; `LearnerConfig.unroll_layers` says when it pays).
   """
   numerics = Numerics() if numerics is None else numerics
   tokens_BT = jnp.asarray(tokens_BT)
@@ -786,7 +788,7 @@ def forward_hidden(
       return _layer(cfg, sp, lora_scale, x, lp, llp, positions_BT, lambda k, v: (k, v, mask_BTS)), None
 
     body = _remat(body, remat)
-    x, _ = lax.scan(body, x, (layers, lora_params, jnp.arange(cfg.num_layers, dtype=jnp.int32)))
+    x, _ = lax.scan(body, x, (layers, lora_params, jnp.arange(cfg.num_layers, dtype=jnp.int32)), unroll=unroll)
     new_cache = None
   else:
     idx = jnp.asarray(cache_index, jnp.int32)
@@ -845,6 +847,7 @@ def forward_hidden_grouped(
   numerics: Numerics | None = None,
   lora=None,
   remat: bool | str = False,
+  unroll: bool = False,
 ):
   """`forward_hidden` (no cache) of rows whose groups share a prompt, running each prompt once: (hidden_BTD, None).
 
@@ -911,7 +914,7 @@ def forward_hidden_grouped(
 
   body = _remat(body, remat)
   xs = (params["layers"], lora_params, jnp.arange(cfg.num_layers, dtype=jnp.int32))
-  (x_p, x_c), _ = lax.scan(body, (x_p, x_c), xs)
+  (x_p, x_c), _ = lax.scan(body, (x_p, x_c), xs, unroll=unroll)
   x = jnp.concatenate([jnp.repeat(x_p, G, axis=0), x_c], axis=1)
   return _rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps, dt), None
 

@@ -62,6 +62,8 @@ _VARIANTS = [
   dict(micro_batches=1),
   dict(micro_batches=3),
   dict(logit_chunk=5, remat="full"),
+  dict(unroll_layers=True),
+  dict(unroll_layers=True, share_prompt=False),
   pytest.param(dict(remat="dots"), marks=pytest.mark.slow),  # a compile each (~10 s): `make test-slow`
   pytest.param(dict(remat="dots_no_batch", micro_batches=3), marks=pytest.mark.slow),
 ]
@@ -78,9 +80,10 @@ def ungrouped_update(rollout):
 
 @pytest.mark.parametrize("kw", _VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
 def test_grouped_step_equals_ungrouped(rollout, ungrouped_update, kw):
-  """One update with the prompt shared (whole groups per micro-batch, M = 1 and 3), with chunked logits and with
-  each remat policy == without sharing, chunking or remat (M = 1), to f32 reordering (assert_update_close's stated
-  tolerances): remat recomputes the same operations, chunking splits one matmul into smaller ones."""
+  """One update with the prompt shared (whole groups per micro-batch, M = 1 and 3), with chunked logits, with each
+  remat policy and with the layer loop unrolled (shared or not) == without sharing, chunking, remat or unrolling
+  (M = 1), to f32 reordering (assert_update_close's stated tolerances): remat recomputes the same operations,
+  chunking splits one matmul into smaller ones, unrolling runs the same layers as straight-line code."""
   params, r = rollout
   *ref, loss_ref = ungrouped_update
   cfg = F32.replace(**kw)
@@ -88,6 +91,20 @@ def test_grouped_step_equals_ungrouped(rollout, ungrouped_update, kw):
   new, m = L.train_step(state, r, model_cfg=MC, cfg=cfg)
   assert_update_close(host(new.params), host(new.opt_state), *ref)
   np.testing.assert_allclose(float(m["loss"]), loss_ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_unroll_layers_leaves_no_layer_loop(rollout, share):
+  """`unroll_layers`: the compiled train step has no while loop (the layer scan and its transpose are the step's only
+  loops without chunked logits or micro-batches); without it, it has them."""
+  params, r = rollout
+  texts = {}
+  for unroll in (False, True):
+    cfg = F32.replace(unroll_layers=unroll, share_prompt=share)
+    state = L.create_train_state(jax.random.PRNGKey(0), MC, cfg, params=params)
+    texts[unroll] = L.train_step.lower(state, r, model_cfg=MC, cfg=cfg).compile().as_text()
+  assert " while(" in texts[False]
+  assert " while(" not in texts[True]
 
 
 def test_learner_temperature_and_completion_logits(rollout):
