@@ -104,8 +104,8 @@ def main() -> int:
     f"\ndots: {t_dot:.2f} s for {flops / 1e9:.0f} GFLOP of products = {flops / t_dot / 1e9:.0f} GFLOP/s, against the "
     f"square dot's {rate / 1e9:.0f} (their bound {flops / rate:.2f} s)\n"
     f"the rest: {t_rest:.2f} s for {b_rest / 1e9:.2f} GB = {b_rest / t_rest / 1e9:.1f} GB/s, against a stream's "
-    f"{bw / 1e9:.1f} GB/s (their bound {b_rest / bw:.2f} s)\n"
-    f"the step: {wall:.2f} s against the two bounds' sum {both:.2f} s ({wall / both:.2f}x), "
+    f"{bw / 1e9:.1f} GB/s (at that rate {b_rest / bw:.2f} s)\n"
+    f"the step: {wall:.2f} s against the two together {both:.2f} s ({wall / both:.2f}x), "
     f"the matmul bound alone {flops / rate:.2f} s ({wall / (flops / rate):.2f}x)"
   )
   unseen = collections.Counter()  # ops the HLO runs (trip counts) more often than the trace showed them

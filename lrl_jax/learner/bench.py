@@ -30,7 +30,8 @@ lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD .
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it; `--torch-device cuda`: on the GPU, beside
   the learner on JAX's GPU backend), tokens trained per second, and against the matmul bound: the step's matmul flops
   (`matmul_flops`) over the machine's measured f32 dot rate; and against that bound plus the time the step's other
-  ops need to move their bytes (`traffic.program_bytes` of the compiled step) at the machine's measured bandwidth.
+  ops need to move their bytes (`traffic.program_bytes` of the compiled step) at the machine's measured bandwidth,
+  an estimate rather than a bound (ops whose buffers stay in cache run faster than the stream).
 """
 
 from __future__ import annotations
@@ -616,7 +617,7 @@ def torch_peer(args) -> int:
   )
   print(
     "\n| learner | step s | tokens / s | vs torch | matmul flops / step (from the shapes) | matmul bound s | vs bound "
-    "| matmuls at the step's shapes s | vs those | other ops' GB / step (HLO) | matmul + traffic bound s | vs that |"
+    "| matmuls at the step's shapes s | vs those | other ops' GB / step (HLO) | matmul + traffic estimate s | vs that |"
   )
   print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   torch_step, label = _torch_runner(args.batch, args.seq, args.prompt, threads, args.torch_device)
