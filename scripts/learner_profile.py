@@ -1,6 +1,7 @@
 """Where one learner step's time goes, by XLA op kind: a `jax.profiler` trace of the step read back on this machine.
 
     python scripts/learner_profile.py [--share | --no-share] [--dtype float32] [--batch 16] [--steps 2] [--bytes]
+                                      [--unroll]
 
 The GRPO-sized step of `lrl-jax bench learner torch` (SmolLM2-135M shapes, random weights, 16 (`--batch`) x 72
 tokens, prompt 48 in groups of 8; forward, backward, AdamW), compiled and run once, then `--steps` steps traced.
@@ -34,6 +35,7 @@ def main() -> int:
   ap.add_argument("--batch", type=int, default=16, help="completions per step (64: the RL loop's own batch)")
   ap.add_argument("--steps", type=int, default=2)
   ap.add_argument("--top", type=int, default=15)
+  ap.add_argument("--unroll", action="store_true", help="the layer loop unrolled (learner.unroll_layers)")
   ap.add_argument("--bytes", action="store_true", help="each op kind's bytes and rate; the step against bandwidth")
   args = ap.parse_args()
 
@@ -47,7 +49,7 @@ def main() -> int:
   from lrl_jax.learner.step import train_step  # noqa: PLC0415
 
   mc = MODELS["smollm2"]
-  cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share)
+  cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share, unroll_layers=args.unroll)
   roll = _batch(mc, args.batch, 72, 48, 8)
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
   step = _jax_runner(mc, cfg, roll, params)  # compiled and run once; each step waits for its temporaries' free

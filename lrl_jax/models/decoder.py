@@ -733,7 +733,7 @@ def forward_hidden(
   """Runs the decoder up to (and including) the final norm: returns (hidden_BTD in cfg.dtype, cache).
 
   Same arguments as `forward`; `unroll`: the layer loop (without a cache) as straight-line code instead of a
-  `lax.scan` (the same numbers; `LearnerConfig.unroll_layers` says when it pays).
+  `lax.scan` (the same computation, up to the order XLA adds in; `LearnerConfig.unroll_layers` says when it pays).
   """
   numerics = Numerics() if numerics is None else numerics
   tokens_BT = jnp.asarray(tokens_BT)
