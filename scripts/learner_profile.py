@@ -44,15 +44,13 @@ def main() -> int:
 
   from lrl_jax import models  # noqa: PLC0415
   from lrl_jax.learner import LearnerConfig, traffic  # noqa: PLC0415
-  from lrl_jax.learner.bench import MODELS, _bandwidth, _batch, _dot_rate, _jax_runner, step_matmuls  # noqa: PLC0415
-  from lrl_jax.learner.state import create_train_state  # noqa: PLC0415
-  from lrl_jax.learner.step import train_step  # noqa: PLC0415
+  from lrl_jax.learner.bench import MODELS, _bandwidth, _batch, _dot_rate, _JaxRunner, step_matmuls  # noqa: PLC0415
 
   mc = MODELS["smollm2"]
   cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share, unroll_layers=args.unroll)
   roll = _batch(mc, args.batch, 72, 48, 8)
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
-  step = _jax_runner(mc, cfg, roll, params)  # compiled and run once; each step waits for its temporaries' free
+  step = _JaxRunner(mc, cfg, roll, params)  # compiled and run once; each step waits for its temporaries' free
   with tempfile.TemporaryDirectory() as d:
     t0 = time.perf_counter()
     with jax.profiler.trace(d):
@@ -64,9 +62,8 @@ def main() -> int:
     nbytes: collections.Counter = collections.Counter()
     dots: set = set()
     seen: collections.Counter = collections.Counter()
-    if args.bytes:  # the program the runner runs, compiled again (the same compile, the same op names)
-      state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-      hlo_ops = traffic.op_bytes(train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile().as_text())
+    if args.bytes:  # the program the runner runs: the trace's op names are its HLO names
+      hlo_ops = traffic.op_bytes(step.compiled.as_text())
     for plane in data.planes:
       for line in plane.lines:
         if not line.name.startswith("tf_XLAEigen"):  # the threads XLA:CPU executes thunks on

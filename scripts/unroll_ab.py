@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -28,11 +27,8 @@ def main() -> int:
   import jax  # noqa: PLC0415
 
   from lrl_jax import models  # noqa: PLC0415
-  from lrl_jax.hostmem import released  # noqa: PLC0415
   from lrl_jax.learner import LearnerConfig, traffic  # noqa: PLC0415
-  from lrl_jax.learner.bench import MODELS, _batch, _round_robin  # noqa: PLC0415
-  from lrl_jax.learner.state import create_train_state  # noqa: PLC0415
-  from lrl_jax.learner.step import train_step  # noqa: PLC0415
+  from lrl_jax.learner.bench import MODELS, _batch, _JaxRunner, _round_robin  # noqa: PLC0415
 
   mc = MODELS["smollm2"]
   roll = _batch(mc, args.batch, 72, 48, 8)
@@ -43,21 +39,16 @@ def main() -> int:
     flush=True,
   )
   print("\n| layer loop | compile s | dots' GB / step | other ops' GB / step | step s |\n|---|---|---|---|---|")
-  rows, steps = {}, {}
-  for unroll in (False, True):
-    cfg = LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share, unroll_layers=unroll)
-    state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
-    t = time.perf_counter()
-    compiled = train_step.lower(state, roll, model_cfg=mc, cfg=cfg).compile()
-    rows[unroll] = (time.perf_counter() - t, *traffic.program_bytes(compiled.as_text()))
-
-    def step(compiled=compiled, box=[state]):  # noqa: B006  (each runner's own state)
-      with released():
-        box[0], m = compiled(box[0], roll)
-        jax.block_until_ready(m)
-
-    step()
-    steps[unroll] = step
+  steps = {
+    unroll: _JaxRunner(
+      mc,
+      LearnerConfig(lr=1e-6, compute_dtype=args.dtype, share_prompt=args.share, unroll_layers=unroll),
+      roll,
+      params,
+    )
+    for unroll in (False, True)
+  }
+  rows = {unroll: (r.compile_s, *traffic.program_bytes(r.compiled.as_text())) for unroll, r in steps.items()}
   med = _round_robin(steps, args.repeats)
   for unroll, (ct, dots, other) in rows.items():
     print(

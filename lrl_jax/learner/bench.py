@@ -209,18 +209,21 @@ def _batch(mc, batch: int, seq: int, prompt: int, group: int, seed: int = 0) -> 
   )
 
 
-def _jax_runner(mc, cfg: LearnerConfig, roll: Rollout, params):
-  """A callable that runs one train step (blocking until done) on its own state; compiled and run once here."""
-  state = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params)
+class _JaxRunner:
+  """A callable that runs one train step (blocking until done) on its own state; compiled ahead of time and run once
+  here. `compiled`: the program it runs (its HLO names are those a profile of it shows); `compile_s`: the compile."""
 
-  def step():
-    nonlocal state
+  def __init__(self, mc, cfg: LearnerConfig, roll: Rollout, params):
+    self.state, self.roll = create_train_state(jax.random.PRNGKey(0), mc, cfg, params=params), roll
+    t = time.perf_counter()
+    self.compiled = train_step.lower(self.state, roll, model_cfg=mc, cfg=cfg).compile()
+    self.compile_s = time.perf_counter() - t
+    self()
+
+  def __call__(self):
     with _released():  # its temporaries back in the heap before the next step asks for its own
-      state, m = train_step(state, roll, model_cfg=mc, cfg=cfg)
+      self.state, m = self.compiled(self.state, self.roll)
       jax.block_until_ready(m)
-
-  step()
-  return step
 
 
 def _round_robin(steps: dict, repeats: int) -> dict[str, float]:
@@ -378,8 +381,8 @@ def _hostmem_worker(args) -> int:
   params = models.init_params(mc.replace(param_dtype="float32"), jax.random.PRNGKey(0))
   base = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
   calls = {
-    "bf16 step": _jax_runner(mc, base, roll, params),
-    "int4 g64 QAT step": _jax_runner(mc, base.replace(qat=QAT_FORMATS["int4 g64"]), roll, params),
+    "bf16 step": _JaxRunner(mc, base, roll, params),
+    "int4 g64 QAT step": _JaxRunner(mc, base.replace(qat=QAT_FORMATS["int4 g64"]), roll, params),
   }
   spec = SyncSpec(rules=quant.QuantRules.default(QAT_FORMATS["int4 g64"]), dtype=jnp.bfloat16)
   calls["int4 sync"] = lambda: jax.block_until_ready(sync(params, spec))
@@ -637,9 +640,8 @@ def torch_peer(args) -> int:
   }
   if args.only:  # a subset of the rows (each keeps its own state, params and Adam, for the whole run)
     arms = {k: v for k, v in arms.items() if any(w in k for w in args.only)}
-  steps = {name: _jax_runner(mc, cfg, roll, params) for name, cfg in arms.items()}
-  if torch_step is not None:
-    steps = {"torch": torch_step, **steps}
+  runners = {name: _JaxRunner(mc, cfg, roll, params) for name, cfg in arms.items()}
+  steps = runners if torch_step is None else {"torch": torch_step, **runners}
   med = _round_robin(steps, args.repeats)  # torch and the three learners one step each per round
   t_torch = med.get("torch")
   rows = []
@@ -647,7 +649,7 @@ def torch_peer(args) -> int:
     flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
     shapes = step_matmuls(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
     # the bytes of every op that is not a dot, as XLA compiled the step (the layer loop's ops times its trip count)
-    _, other = traffic.program_bytes(_compiled_step(mc, cfg, roll).as_text())
+    _, other = traffic.program_bytes(runners[name].compiled.as_text())
     rows.append((name, med[name], flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype)), other))
   if t_torch is not None:
     print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | | | | | | |")
