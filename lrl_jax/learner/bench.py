@@ -31,7 +31,10 @@ lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD .
   the learner on JAX's GPU backend), tokens trained per second, and against the matmul bound: the step's matmul flops
   (`matmul_flops`) over the machine's measured f32 dot rate; and against that bound plus the time the step's other
   ops need to move their bytes (`traffic.program_bytes` of the compiled step) at the machine's measured bandwidth,
-  an estimate rather than a bound (ops whose buffers stay in cache run faster than the stream).
+  an estimate rather than a bound (ops whose buffers stay in cache run faster than the stream). The torch row's
+  "matmuls at the step's shapes" are its own work's products (no prompt sharing) through `torch.matmul`
+  (`torch_matmul_time`): the learner's no-sharing row against it splits the ratio to torch into the two matmul
+  libraries' speeds at the same products and the rest of each step.
 """
 
 from __future__ import annotations
@@ -550,6 +553,29 @@ def matmul_time(products: dict, dtype=jnp.float32, repeats: int = 5) -> float:
   return total
 
 
+def torch_matmul_time(products: dict, device: str = "cpu", repeats: int = 5) -> float:
+  """`matmul_time` through torch (f32 `torch.matmul`, TF32 where `_torch_runner` allows it): the same products at the
+  same shapes in the peer's own matmul library (MKL / oneDNN on a CPU, cuBLAS on a GPU). Needs the `ref` extra."""
+  import torch  # noqa: PLC0415
+
+  sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+  g = torch.Generator().manual_seed(0)
+  total = 0.0
+  for (b, m, k, n), count in products.items():
+    x = torch.randn(b, m, k, generator=g).to(device)
+    y = torch.randn(b, k, n, generator=g).to(device)
+    torch.matmul(x, y)
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+      t = time.perf_counter()
+      torch.matmul(x, y)
+      sync()
+      best = min(best, time.perf_counter() - t)
+    total += best * count
+  return total
+
+
 def _torch_runner(batch: int, seq: int, prompt: int, threads: int, device: str = "cpu"):
   """(a callable that runs one transformers + torch f32 step: forward, a masked token log-prob loss, backward, AdamW;
   run once here, label), or (None, why not). device "cuda": the model and batch on the GPU, TF32 matmuls allowed
@@ -652,7 +678,14 @@ def torch_peer(args) -> int:
     _, other = traffic.program_bytes(runners[name].compiled.as_text())
     rows.append((name, med[name], flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype)), other))
   if t_torch is not None:
-    print(f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | | | | | | | | |")
+    # torch's own work: every row's tokens through the layers (no prompt sharing), in its own matmul library
+    flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=False)
+    shapes = step_matmuls(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=False)
+    t_mm = torch_matmul_time(shapes, args.torch_device)
+    print(
+      f"| {label} | {t_torch:.2f} | {n_tok / t_torch:.0f} | 1.00x | {flops / 1e12:.2f} T | {flops / rate:.2f} "
+      f"| {t_torch * rate / flops:.2f}x | {t_mm:.2f} (torch.matmul) | {t_torch / t_mm:.2f}x | | | |"
+    )
   else:
     print(f"| transformers + torch | — | — | {label} | | | | | | | | |")
   for name, t, flops, at_shapes, other in rows:
