@@ -63,46 +63,61 @@ def _dot(x, w, k_axis: int):
   return lax.dot_general(x, w, (((x.ndim - 1,), (k_axis,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def dense_dot(x: jax.Array, w: jax.Array, k_axis: int = 0) -> jax.Array:
-  """x [..., K] · w (one matrix, [K, N] for k_axis 0, [N, K] for 1) -> [..., N] float32: a dense layer's product.
+def dense_dot(x: jax.Array, w: jax.Array, k_axis: int = 0, out_dtype=jnp.float32) -> jax.Array:
+  """x [..., K] · w (one matrix, [K, N] for k_axis 0, [N, K] for 1) -> [..., N]: a dense layer's product, accumulated
+  in float32 and returned in `out_dtype` (float32 by default; x.dtype for a layer whose output is cast back to it).
 
-  The forward is `lax.dot_general` as written. The backward is that dot's own vjp on x flattened to [rows, K]: the
-  same products and dtypes, but the weight gradient contracts one axis of rows, not x's leading axes. (XLA:CPU
+  The forward is `lax.dot_general` as written, then the cast. The backward is that dot's own vjp on x flattened to
+  [rows, K]: the same products, but the weight gradient contracts one axis of rows, not x's leading axes. (XLA:CPU
   lays a dot that contracts two axes out by transposing the gradient, fused with the elementwise work that makes
   it, e.g. the SwiGLU backward; that fusion ran at ~130 MB/s and took a quarter of a SmolLM2 learner step:
   `lrl_jax/learner/README.md`.)
+
+  With `out_dtype` the dtype of x and w (bf16 compute), the cotangent arrives in that dtype and the two backward dots
+  take it as it is, each accumulating in f32 and cast to its operand's dtype. A float32 output cast to bf16 after
+  the call gets the same cotangent values, but in float32, which makes the backward dots mix a float32 and a bf16
+  operand: XLA then converts the bf16 operand to float32 and runs float32 dots (on a SmolLM2 bf16 learner step, 6 GB
+  of converts, `lrl_jax/learner/README.md`). The products are the same either way (a bf16 product is exact in f32);
+  only the order XLA adds them in may differ.
   """
-  return _dense_dot(x, w, k_axis)
+  return _dense_dot(x, w, k_axis, jnp.dtype(out_dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _dense_dot(x, w, k_axis):
-  return _dot(x, w, k_axis)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _dense_dot(x, w, k_axis, out_dtype):
+  return _dot(x, w, k_axis).astype(out_dtype)
 
 
-def _dense_dot_fwd(x, w, k_axis):
-  return _dot(x, w, k_axis), (x, w)
+def _dense_dot_fwd(x, w, k_axis, out_dtype):
+  return _dense_dot(x, w, k_axis, out_dtype), (x, w)
 
 
-def _dense_dot_bwd(k_axis, res, g):
+def _dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w = res
-  _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x.reshape(-1, x.shape[-1]), w)
-  dx, dw = vjp(g.reshape(-1, g.shape[-1]))
+  x2 = x.reshape(-1, x.shape[-1])
+  g2 = g.reshape(-1, g.shape[-1])
+  if x.dtype == w.dtype == g.dtype != jnp.float32:  # both products in the operands' dtype, f32 accumulation
+    dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), preferred_element_type=jnp.float32)
+    dw = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype).reshape(x.shape), (dw if k_axis == 0 else dw.T).astype(w.dtype)
+  _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x2, w)
+  dx, dw = vjp(g2.astype(jnp.float32))
   return dx.reshape(x.shape), dw
 
 
 _dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
 
 
-def predecoded_dot(x: jax.Array, p: Predecoded) -> jax.Array:
-  """x [..., K] ⋅ ŵ -> [..., N] float32: `quant.qdot` on the predecoded operand (one matrix, no stack)."""
+def predecoded_dot(x: jax.Array, p: Predecoded, out_dtype=jnp.float32) -> jax.Array:
+  """x [..., K] ⋅ ŵ -> [..., N] float32: `quant.qdot` on the predecoded operand (one matrix, no stack). Without a
+  per-matrix scale, in `out_dtype` (`dense_dot`'s); with one (NVFP4), float32."""
   if p.w.ndim != 2:
     raise ValueError(f"predecoded_dot: one matrix at a time (a stack is sliced by the layer scan); got {p.w.shape}")
   k_axis = 0 if p.axis == -2 else 1
   if x.shape[-1] != p.w.shape[k_axis]:
     raise ValueError(f"predecoded_dot: activations {tuple(x.shape)} do not contract with weight {p.w.shape}")
   if p.dec is None:
-    return dense_dot(x, p.w, k_axis)
+    return dense_dot(x, p.w, k_axis, out_dtype)
   return _scaled_dense_dot(x, p.w, p.dec, k_axis)
 
 

@@ -373,6 +373,8 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
   """
   if isinstance(w, kernels.Predecoded):  # a weight decoded once (`kernels.predecode`, `_qat_operand`): the same dot
     x, post = _act_quant(x, act_spec)
+    if post is None:  # the product's output in x.dtype: its backward dots in x.dtype too (`kernels.dense_dot`)
+      return kernels.predecoded_dot(x, w, x.dtype).astype(x.dtype)
     return _post(kernels.predecoded_dot(x, w), post, x.dtype)
   if isinstance(w, quant.QArray):
     x, post = _act_quant(x, act_spec)
@@ -415,7 +417,7 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
       return lax.cond(a >= 1.0, served, blend).astype(x.dtype)
     return blend().astype(x.dtype)
   if spec is None and act_spec is None:
-    return kernels.dense_dot(x, w).astype(x.dtype)  # the plain dot, its weight gradient over flattened rows
+    return kernels.dense_dot(x, w, out_dtype=x.dtype)  # the plain dot, its weight gradient over flattened rows
   y = quant.dot_general_for(spec, act_spec=act_spec)(x, w, dn, preferred_element_type=jnp.float32)
   return y.astype(x.dtype)
 

@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lrl_jax import models, quant
+from lrl_jax import kernels, models, quant
 from lrl_jax.models import ModelConfig
 from tests._fp_bound import rounding_bound
 
@@ -432,6 +432,12 @@ def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
   if spec is None:  # the f32 masters are cast: the hoisting is not a no-op here
     cast = decoder._hoist_operands(params, {}, jnp.dtype(cfg.dtype))[0]["layers"]["mlp"]["up_proj"]["kernel"]
     assert params["layers"]["mlp"]["up_proj"]["kernel"].dtype == jnp.float32 and cast.w.dtype == jnp.bfloat16
+  if spec is not None:
+    # The per-matmul QAT dot (AQT's) takes the f32 cotangent of its f32 output; the hoisted operand's dot takes a
+    # bf16 one (`kernels.dense_dot` with out_dtype bf16), whose backward dots add the same products in another order
+    # (tests/kernels/test_dense_dot.py). The hoisting is compared here with the f32-cotangent dot on both sides.
+    f32_out = kernels.predecoded_dot
+    monkeypatch.setattr(kernels, "predecoded_dot", lambda x, p, out_dtype=None: f32_out(x, p))
   hoisted = run()
   monkeypatch.setattr(decoder, "_hoist_operands", lambda p, s, dt: (p, s))
   per_matmul = run()
