@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import layout
 
 from lrl_jax import quant
 from lrl_jax.kernels import dispatch
@@ -97,15 +98,43 @@ def _dense_dot_bwd(k_axis, out_dtype, res, g):
   x2 = x.reshape(-1, x.shape[-1])
   g2 = g.reshape(-1, g.shape[-1])
   if x.dtype == w.dtype == g.dtype != jnp.float32:  # both products in the operands' dtype, f32 accumulation
-    dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), preferred_element_type=jnp.float32)
-    dw = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    return dx.astype(x.dtype).reshape(x.shape), (dw if k_axis == 0 else dw.T).astype(w.dtype)
+    on = lambda f: functools.partial(f, k_axis=k_axis)  # noqa: E731
+    dx, dw = lax.platform_dependent(x2, w, g2, cpu=on(_narrow_grads_cpu), default=on(_narrow_grads))
+    return dx.astype(x.dtype).reshape(x.shape), dw.astype(w.dtype)
   _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x2, w)
   dx, dw = vjp(g2.astype(jnp.float32))
   return dx.reshape(x.shape), dw
 
 
 _dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
+
+_NN = (((1,), (0,)), ((), ()))  # [M, K] · [K, N]: the row-major product every matmul library takes as it is
+
+
+def _narrow_grads(x2, w, g2, k_axis):
+  """(dx, dw) f32 of x2 [rows, K] · w with cotangent g2 [rows, N], all three in one narrow dtype."""
+  dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), preferred_element_type=jnp.float32)
+  dw = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+  return dx, dw if k_axis == 0 else dw.T
+
+
+def _row_major_transpose(a):
+  """a.T written out in row-major order (a copy), where XLA would otherwise fold the transpose into its consumer."""
+  return layout.with_layout_constraint(a.T, layout.Layout(major_to_minor=(0, 1)))
+
+
+def _narrow_grads_cpu(x2, w, g2, k_axis):
+  """`_narrow_grads` with every product row-major ([M, K] · [K, N]) on copied transposes (xᵀ: [K, rows]; wᵀ: a
+  weight). XLA:CPU gives a bf16 dot to its YNNPACK kernels only in that form (`IsDotSupportedByYnn`: neither
+  operand column-major); any other it runs on float32 copies of both operands, at the f32 rate. On a CPU with AMX a
+  [576, 1536] x [1536, 1536] bf16 weight gradient ran at 1206 against 240 GFLOP/s so (learner README). The
+  same products; the copies cost one pass over x and over the weight."""
+  dx = lax.dot_general(g2, w if k_axis == 1 else _row_major_transpose(w), _NN, preferred_element_type=jnp.float32)
+  if k_axis == 0:  # dw [K, N] = xᵀ · g
+    dw = lax.dot_general(_row_major_transpose(x2), g2, _NN, preferred_element_type=jnp.float32)
+  else:  # dw [N, K] = gᵀ · x
+    dw = lax.dot_general(_row_major_transpose(g2), x2, _NN, preferred_element_type=jnp.float32)
+  return dx, dw
 
 
 def predecoded_dot(x: jax.Array, p: Predecoded, out_dtype=jnp.float32) -> jax.Array:

@@ -71,7 +71,7 @@ _EXACT = set(
   "reshape broadcast_in_dim squeeze expand_dims transpose rev slice dynamic_slice dynamic_update_slice "
   "gather scatter concatenate pad select_n copy copy_p stack split sharding_constraint neg abs "
   "stop_gradient optimization_barrier real reduce_max reduce_min cummax cummin sort top_k max min "
-  "clamp".split()
+  "clamp layout_constraint".split()
 )
 _ROUNDED = {"add": 1, "add_any": 1, "sub": 1, "mul": 1, "sqrt": 1, "square": 1, "div": 2}
 _TRANSCENDENTAL = set(

@@ -6,6 +6,8 @@ formula within `tests/_fp_bound.rounding_bound`'s worst-case bound of the vjp pr
 ed., Thm 3.4: any summation order or blocking), plus the rounding of the result to the weight's dtype.
 """
 
+import importlib
+
 import jax
 import jax.extend as jex
 import jax.numpy as jnp
@@ -84,19 +86,56 @@ def test_weight_gradient_contracts_one_axis():
 
 @pytest.mark.parametrize("k_axis", [0, 1])
 def test_narrow_output_backward_dots_in_the_operands_dtype(k_axis):
-  """With out_dtype bf16, both backward dots take bf16 operands only (f32 accumulation); with the f32 output the
-  cotangent is f32 and jax's vjp mixes it with a bf16 operand, which XLA runs as an f32 dot on converted copies."""
+  """With out_dtype bf16, both backward dots take bf16 operands only (f32 accumulation), and the CPU's are row-major
+  [M, K] · [K, N] on copied transposes (the form XLA:CPU gives its bf16 kernels); with the f32 output the cotangent
+  is f32 and jax's vjp mixes it with a bf16 operand, which XLA runs as an f32 dot on converted copies."""
   x, w, g = _operands(jnp.bfloat16, k_axis)
-  for out, want in ((jnp.bfloat16, {jnp.dtype(jnp.bfloat16)}), (jnp.float32, {jnp.dtype(jnp.float32)})):
+  nn = (((1,), (0,)), ((), ()))
+  for out in (jnp.bfloat16, jnp.float32):
     _, vjp = jax.vjp(lambda a, b: kernels.dense_dot(a, b, k_axis, out), x, w)  # noqa: B023
     # (jax's vjp of the f32-output dot traces the forward product again, unused: XLA drops it; not counted here)
     dots = [e for e in _dots(jax.make_jaxpr(vjp)(g.astype(out)).jaxpr) if e.outvars[0].aval.shape != (15, 6)]
-    assert len(dots) == 2
     for e in dots:
       assert e.params["preferred_element_type"] == jnp.float32
-      dtypes = {v.aval.dtype for v in e.invars}
-      assert dtypes == want if out == jnp.bfloat16 else want < dtypes, (out, dtypes)
-      assert len(e.params["dimension_numbers"][0][0]) == 1  # and one contracted axis each
+      assert len(e.params["dimension_numbers"][0][0]) == 1  # one contracted axis each
+    dtypes = [{v.aval.dtype for v in e.invars} for e in dots]
+    if out == jnp.bfloat16:  # two per branch of lax.platform_dependent: the CPU's, then the others'
+      assert len(dots) == 4 and all(d == {jnp.dtype(jnp.bfloat16)} for d in dtypes), dtypes
+      assert sum(e.params["dimension_numbers"] == nn for e in dots) >= 2
+    else:
+      assert len(dots) == 2 and all(d == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)} for d in dtypes)
+
+
+def test_cpu_backward_contracts_no_leading_axis():
+  """What runs on a CPU: the compiled vjp (bf16 in and out) contracts no operand along its leading axis (the
+  row-major form: copied transposes instead)."""
+  x, w, g = _operands(jnp.bfloat16, 0)
+  vjp = lambda x, w, g: jax.vjp(lambda a, b: kernels.dense_dot(a, b, 0, jnp.bfloat16), x, w)[1](g)  # noqa: E731
+  hlo = jax.jit(vjp).lower(x, w, g.astype(jnp.bfloat16)).compile().as_text()
+  assert "lhs_contracting_dims={0}" not in hlo and "rhs_contracting_dims={1}" not in hlo
+
+
+@pytest.mark.parametrize("branch", ["_narrow_grads_cpu", "_narrow_grads"])
+@pytest.mark.parametrize("k_axis", [0, 1])
+def test_both_platform_branches_equal_the_float64_formula(branch, k_axis):
+  """Each branch of the bf16 backward (the CPU's row-major one, the other platforms' as jax writes it), both run here,
+  in f32 before the cast: every output is an f32 sum of n exact products (bf16 x bf16 fits f32), within
+  γ_n·Σ|terms| of the exact sum, γ_n = n·u/(1 − n·u), u = 2⁻²⁴ (Higham Thm 3.4, any order)."""
+  predecode = importlib.import_module("lrl_jax.kernels.predecode")
+  x, w, g = _operands(jnp.bfloat16, k_axis)
+  g = g.astype(jnp.bfloat16)
+  x2, g2 = x.reshape(-1, 8), g.reshape(-1, 6)
+  dx, dw = jax.jit(getattr(predecode, branch), static_argnums=3)(x2, w, g2, k_axis)
+  want_dx, want_dw = _float64_grads(x, w, g, k_axis)
+  abs_dx, abs_dw = _float64_grads(
+    np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)), np.abs(np.asarray(g, np.float64)), k_axis
+  )
+  gamma = lambda n: n * 2.0**-24 / (1 - n * 2.0**-24)  # noqa: E731
+  assert dx.dtype == dw.dtype == jnp.float32 and dw.shape == w.shape
+  np.testing.assert_array_less(
+    np.abs(np.asarray(dx, np.float64) - want_dx.reshape(15, 8)), gamma(6) * abs_dx.reshape(15, 8) + 1e-300
+  )
+  np.testing.assert_array_less(np.abs(np.asarray(dw, np.float64) - want_dw), gamma(15) * abs_dw + 1e-300)
 
 
 def _scaled(k_axis):
