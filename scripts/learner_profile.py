@@ -87,7 +87,7 @@ def main() -> int:
     for name, s in kinds.most_common(args.top):
       print(f"| {name} | {s:.3f} | {100 * s / ops:.1f}% |")
     return 0
-  bw, rate = _bandwidth(), _dot_rate()
+  bw, rate = _bandwidth(), _dot_rate(dtype=args.dtype)  # the square dot in the compute dtype (f32 accumulation)
   print("\n| op kind | s / step | share of the ops | GB / step | GB/s |\n|---|---|---|---|---|")
   for name, s in kinds.most_common(args.top):
     label = f"{name} (dot)" if name in dots else name

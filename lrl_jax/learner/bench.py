@@ -29,7 +29,8 @@ lrl-jax bench learner torch [--batch 16] [--seq 72] [--repeats 3] [--only WORD .
   the same GRPO-sized step (SmolLM2-135M: forward, backward, AdamW) in this learner (f32 and bf16) vs
   transformers + torch f32 on the CPU (the `ref` extra; skipped without it; `--torch-device cuda`: on the GPU, beside
   the learner on JAX's GPU backend), tokens trained per second, and against the matmul bound: the step's matmul flops
-  (`matmul_flops`) over the machine's measured f32 dot rate; and against that bound plus the time the step's other
+  (`matmul_flops`) over the machine's measured dot rate in the row's compute dtype (f32 or bf16, f32 accumulation);
+  and against that bound plus the time the step's other
   ops need to move their bytes (`traffic.program_bytes` of the compiled step) at the machine's measured bandwidth,
   an estimate rather than a bound (ops whose buffers stay in cache run faster than the stream). The torch row's
   "matmuls at the step's shapes" are its own work's products (no prompt sharing) through `torch.matmul`
@@ -498,10 +499,12 @@ def _best_time(f, *args, repeats: int) -> float:
   return best
 
 
-def _dot_rate(n: int = 2048, repeats: int = 5) -> float:
-  """This machine's measured f32 matmul rate (flop/s) through XLA: an n x n x n dot, best of `repeats`."""
-  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-  return 2 * n**3 / _best_time(jax.jit(lambda x, y: x @ y), a, a, repeats=repeats)
+def _dot_rate(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
+  """This machine's measured matmul rate (flop/s) through XLA: an n x n x n dot of `dtype` operands accumulated in
+  f32, best of `repeats`. (bf16 is the learner's bf16 compute: on a CPU with AMX it runs several times the f32 rate.)"""
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+  dot = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+  return 2 * n**3 / _best_time(dot, a, a, repeats=repeats)
 
 
 def _bandwidth(n: int = 1 << 26, repeats: int = 7) -> float:
@@ -545,7 +548,7 @@ def matmul_time(products: dict, dtype=jnp.float32, repeats: int = 5) -> float:
   the step's matmul time at its own shapes, which small or skinny products make slower than one large square dot."""
   total = 0.0
   rng = np.random.default_rng(0)
-  f = jax.jit(jnp.matmul)
+  f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))  # as the learner's dots
   for (b, m, k, n), count in products.items():
     x = jnp.asarray(rng.standard_normal((b, m, k)), dtype)
     y = jnp.asarray(rng.standard_normal((b, k, n)), dtype)
@@ -638,10 +641,11 @@ def torch_peer(args) -> int:
     f"torch on {args.torch_device}; median of {args.repeats}, one step of each row per round",
     flush=True,
   )
-  rate, bw = _dot_rate(), _bandwidth()
+  rate, rate16, bw = _dot_rate(), _dot_rate(dtype=jnp.bfloat16), _bandwidth()
+  rates = {jnp.dtype(jnp.float32): rate, jnp.dtype(jnp.bfloat16): rate16}  # each row's bound: its compute dtype's
   print(
-    f"measured f32 dot rate (2048^3, XLA): {rate / 1e9:.1f} GFLOP/s; memory bandwidth (x * a + y, 256 MiB, XLA): "
-    f"{bw / 1e9:.1f} GB/s",
+    f"measured dot rate (2048^3, XLA, f32 accumulation): f32 {rate / 1e9:.1f}, bf16 {rate16 / 1e9:.1f} GFLOP/s; "
+    f"memory bandwidth (x * a + y, 256 MiB, XLA): {bw / 1e9:.1f} GB/s",
     flush=True,
   )
   print(
@@ -676,7 +680,8 @@ def torch_peer(args) -> int:
     shapes = step_matmuls(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=cfg.share_prompt)
     # the bytes of every op that is not a dot, as XLA compiled the step (the layer loop's ops times its trip count)
     _, other = traffic.program_bytes(runners[name].compiled.as_text())
-    rows.append((name, med[name], flops, matmul_time(shapes, jnp.dtype(cfg.compute_dtype)), other))
+    dt = jnp.dtype(cfg.compute_dtype)
+    rows.append((name, med[name], flops, matmul_time(shapes, dt), other, rates[dt]))
   if t_torch is not None:
     # torch's own work: every row's tokens through the layers (no prompt sharing), in its own matmul library
     flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, share_prompt=False)
@@ -688,9 +693,9 @@ def torch_peer(args) -> int:
     )
   else:
     print(f"| transformers + torch | — | — | {label} | | | | | | | | |")
-  for name, t, flops, at_shapes, other in rows:
+  for name, t, flops, at_shapes, other, row_rate in rows:
     vs = f"{t_torch / t:.2f}x" if t_torch else ""
-    bound = flops / rate
+    bound = flops / row_rate
     both = bound + other / bw
     print(
       f"| {name} | {t:.2f} | {n_tok / t:.0f} | {vs} | {flops / 1e12:.2f} T | {bound:.2f} | {t / bound:.2f}x "
