@@ -138,8 +138,8 @@ def _narrow_grads_cpu(x2, w, g2, k_axis):
 
 
 def predecoded_dot(x: jax.Array, p: Predecoded, out_dtype=jnp.float32) -> jax.Array:
-  """x [..., K] ⋅ ŵ -> [..., N] float32: `quant.qdot` on the predecoded operand (one matrix, no stack). Without a
-  per-matrix scale, in `out_dtype` (`dense_dot`'s); with one (NVFP4), float32."""
+  """x [..., K] ⋅ ŵ -> [..., N] in `out_dtype` (`dense_dot`'s; float32 by default): `quant.qdot` on the predecoded
+  operand (one matrix, no stack)."""
   if p.w.ndim != 2:
     raise ValueError(f"predecoded_dot: one matrix at a time (a stack is sliced by the layer scan); got {p.w.shape}")
   k_axis = 0 if p.axis == -2 else 1
@@ -147,27 +147,32 @@ def predecoded_dot(x: jax.Array, p: Predecoded, out_dtype=jnp.float32) -> jax.Ar
     raise ValueError(f"predecoded_dot: activations {tuple(x.shape)} do not contract with weight {p.w.shape}")
   if p.dec is None:
     return dense_dot(x, p.w, k_axis, out_dtype)
-  return _scaled_dense_dot(x, p.w, p.dec, k_axis)
+  return _scaled_dense_dot(x, p.w, p.dec, k_axis, jnp.dtype(out_dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _scaled_dense_dot(x, w, dec, k_axis):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _scaled_dense_dot(x, w, dec, k_axis, out_dtype=jnp.dtype(jnp.float32)):
   """dense_dot(x, w) · dec (NVFP4's per-matrix scale after the K sum), with dec applied to the three products'
   f32 outputs in the backward too: dx = (g · wᵀ) · dec, dw = (xᵀ · g) · dec, each then in its operand's dtype.
   jax's own backward of `y · dec` scales the cotangent g first, a pass over [rows, N] in f32 whose result is no
   longer in the compute dtype: on a TPU target it is written out and read by both dots (0.9 GB of a SmolLM2 NVFP4
   QAT step's 24.9, `lrl_jax/learner/README.md`), where a scale on a dot's output fuses into the dot. dec is a
-  constant to differentiation (its cotangent is zero): the scales are not trained, as in every QAT path here."""
-  return _dot(x, w, k_axis) * dec
+  constant to differentiation (its cotangent is zero): the scales are not trained, as in every QAT path here.
+  out_dtype as `dense_dot`'s: the product cast inside, so that a bf16 layer's backward dots take bf16 operands."""
+  return (_dot(x, w, k_axis) * dec).astype(out_dtype)
 
 
-def _scaled_dense_dot_fwd(x, w, dec, k_axis):
-  return _scaled_dense_dot(x, w, dec, k_axis), (x, w, dec)
+def _scaled_dense_dot_fwd(x, w, dec, k_axis, out_dtype):
+  return _scaled_dense_dot(x, w, dec, k_axis, out_dtype), (x, w, dec)
 
 
-def _scaled_dense_dot_bwd(k_axis, res, g):
+def _scaled_dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w, dec = res
   x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+  if x.dtype == w.dtype == g.dtype != jnp.float32:  # bf16 in and out: `dense_dot`'s narrow backward, then dec
+    on = lambda f: functools.partial(f, k_axis=k_axis)  # noqa: E731
+    dx, dw = lax.platform_dependent(x2, w, g2, cpu=on(_narrow_grads_cpu), default=on(_narrow_grads))
+    return (dx * dec).astype(x.dtype).reshape(x.shape), (dw * dec).astype(w.dtype), jnp.zeros_like(dec)
   f32 = dict(preferred_element_type=jnp.float32)
   dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), **f32)  # [rows, K]
   if k_axis == 0:

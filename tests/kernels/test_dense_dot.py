@@ -138,28 +138,31 @@ def test_both_platform_branches_equal_the_float64_formula(branch, k_axis):
   np.testing.assert_array_less(np.abs(np.asarray(dw, np.float64) - want_dw), gamma(15) * abs_dw + 1e-300)
 
 
-def _scaled(k_axis):
-  """predecoded_dot on a Predecoded with NVFP4's per-matrix scale dec: dense_dot(x, w) · dec."""
-  return lambda x, w, dec: kernels.predecoded_dot(x, kernels.Predecoded(w=w, dec=dec, axis=-2 if k_axis == 0 else -1))
+def _scaled(k_axis, out=jnp.float32):
+  """predecoded_dot on a Predecoded with NVFP4's per-matrix scale dec: dense_dot(x, w) · dec (in `out`)."""
+  p = lambda w, dec: kernels.Predecoded(w=w, dec=dec, axis=-2 if k_axis == 0 else -1)  # noqa: E731
+  return lambda x, w, dec: kernels.predecoded_dot(x, p(w, dec), out)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype, out", CASES)
 @pytest.mark.parametrize("k_axis", [0, 1])
-def test_scaled_dot_gradients_equal_the_float64_formula(dtype, k_axis):
+def test_scaled_dot_gradients_equal_the_float64_formula(dtype, out, k_axis):
   """With dec, the backward scales the products' outputs: dx = (g · wᵀ) · dec, dw = (xᵀ · g) · dec, within the
   vjp program's worst-case rounding bound (as above: the f32 sums, dec's product, the cast to the dtype); dec
-  gets no gradient (the scales are not trained). The forward is dense_dot · dec bit for bit."""
+  gets no gradient (the scales are not trained). The forward is dense_dot · dec bit for bit (cast to `out`)."""
   dt = jnp.dtype(dtype)
   x, w, g = _operands(dt, k_axis)
+  g = g.astype(out)
   dec = jnp.float32(0.3125 / 3)  # not a power of two: its products round
-  y = jax.jit(_scaled(k_axis))(x, w, dec)
+  y = jax.jit(_scaled(k_axis, out))(x, w, dec)
+  assert y.dtype == jnp.dtype(out)
   np.testing.assert_array_equal(
-    np.asarray(y), np.asarray(jax.jit(kernels.dense_dot, static_argnums=2)(x, w, k_axis) * dec)
+    np.asarray(y), np.asarray((jax.jit(kernels.dense_dot, static_argnums=2)(x, w, k_axis) * dec).astype(out))
   )
-  grads = lambda x, w, dec, g: jax.vjp(_scaled(k_axis), x, w, dec)[1](g)[:2]  # noqa: E731
+  grads = lambda x, w, dec, g: jax.vjp(_scaled(k_axis, out), x, w, dec)[1](g)[:2]  # noqa: E731
   dx, dw = jax.jit(grads)(x, w, dec, g)
   assert dx.dtype == dt and dw.dtype == dt and dx.shape == x.shape and dw.shape == w.shape
-  ddec = jax.jit(lambda x, w, dec, g: jax.vjp(_scaled(k_axis), x, w, dec)[1](g)[2])(x, w, dec, g)
+  ddec = jax.jit(lambda x, w, dec, g: jax.vjp(_scaled(k_axis, out), x, w, dec)[1](g)[2])(x, w, dec, g)
   assert float(ddec) == 0.0
   err_dx, err_dw = rounding_bound(grads, x, w, dec, g, model="worst").err
 
