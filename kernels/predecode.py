@@ -98,8 +98,7 @@ def _dense_dot_bwd(k_axis, out_dtype, res, g):
   x2 = x.reshape(-1, x.shape[-1])
   g2 = g.reshape(-1, g.shape[-1])
   if x.dtype == w.dtype == g.dtype != jnp.float32:  # both products in the operands' dtype, f32 accumulation
-    on = lambda f: functools.partial(f, k_axis=k_axis)  # noqa: E731
-    dx, dw = lax.platform_dependent(x2, w, g2, cpu=on(_narrow_grads_cpu), default=on(_narrow_grads))
+    dx, dw = _narrow_grads(x2, w, g2, k_axis)
     return dx.astype(x.dtype).reshape(x.shape), dw.astype(w.dtype)
   _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x2, w)
   dx, dw = vjp(g2.astype(jnp.float32))
@@ -111,11 +110,18 @@ _dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
 _NN = (((1,), (0,)), ((), ()))  # [M, K] · [K, N]: the row-major product every matmul library takes as it is
 
 
+def _grads(x2, w, g2, k_axis):
+  """(dx, dw) f32 of x2 [rows, K] · w with cotangent g2 [rows, N], dw in w's layout: each a dot contracting one axis,
+  as XLA is given them (the rows of x2 and g2 are their leading axis)."""
+  dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), preferred_element_type=jnp.float32)  # [rows, K]
+  a, b = (x2, g2) if k_axis == 0 else (g2, x2)  # dw [K, N] = xᵀ · g, or [N, K] = gᵀ · x
+  return dx, lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
 def _narrow_grads(x2, w, g2, k_axis):
-  """(dx, dw) f32 of x2 [rows, K] · w with cotangent g2 [rows, N], all three in one narrow dtype."""
-  dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), preferred_element_type=jnp.float32)
-  dw = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-  return dx, dw if k_axis == 0 else dw.T
+  """`_grads` of bf16 (narrow) x2, w and g2: on a CPU `_grads_row_major`, elsewhere `_grads`."""
+  on = lambda f: functools.partial(f, k_axis=k_axis)  # noqa: E731
+  return lax.platform_dependent(x2, w, g2, cpu=on(_grads_row_major), default=on(_grads))
 
 
 def _row_major_transpose(a):
@@ -123,8 +129,8 @@ def _row_major_transpose(a):
   return layout.with_layout_constraint(a.T, layout.Layout(major_to_minor=(0, 1)))
 
 
-def _narrow_grads_cpu(x2, w, g2, k_axis):
-  """`_narrow_grads` with every product row-major ([M, K] · [K, N]) on copied transposes (xᵀ: [K, rows]; wᵀ: a
+def _grads_row_major(x2, w, g2, k_axis):
+  """`_grads` with every product row-major ([M, K] · [K, N]) on copied transposes (xᵀ: [K, rows]; wᵀ: a
   weight). XLA:CPU gives a bf16 dot to its YNNPACK kernels only in that form (`IsDotSupportedByYnn`: neither
   operand column-major); any other it runs on float32 copies of both operands, at the f32 rate. On a CPU with AMX a
   [576, 1536] x [1536, 1536] bf16 weight gradient ran at 1206 against 240 GFLOP/s so (learner README). The
@@ -151,7 +157,7 @@ def predecoded_dot(x: jax.Array, p: Predecoded, out_dtype=jnp.float32) -> jax.Ar
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _scaled_dense_dot(x, w, dec, k_axis, out_dtype=jnp.dtype(jnp.float32)):
+def _scaled_dense_dot(x, w, dec, k_axis, out_dtype):
   """dense_dot(x, w) · dec (NVFP4's per-matrix scale after the K sum), with dec applied to the three products'
   f32 outputs in the backward too: dx = (g · wᵀ) · dec, dw = (xᵀ · g) · dec, each then in its operand's dtype.
   jax's own backward of `y · dec` scales the cotangent g first, a pass over [rows, N] in f32 whose result is no
@@ -169,16 +175,8 @@ def _scaled_dense_dot_fwd(x, w, dec, k_axis, out_dtype):
 def _scaled_dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w, dec = res
   x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-  if x.dtype == w.dtype == g.dtype != jnp.float32:  # bf16 in and out: `dense_dot`'s narrow backward, then dec
-    on = lambda f: functools.partial(f, k_axis=k_axis)  # noqa: E731
-    dx, dw = lax.platform_dependent(x2, w, g2, cpu=on(_narrow_grads_cpu), default=on(_narrow_grads))
-    return (dx * dec).astype(x.dtype).reshape(x.shape), (dw * dec).astype(w.dtype), jnp.zeros_like(dec)
-  f32 = dict(preferred_element_type=jnp.float32)
-  dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), **f32)  # [rows, K]
-  if k_axis == 0:
-    dw = lax.dot_general(x2, g2, (((0,), (0,)), ((), ())), **f32)  # [K, N]: one axis of rows contracted
-  else:
-    dw = lax.dot_general(g2, x2, (((0,), (0,)), ((), ())), **f32)  # [N, K]
+  narrow = x.dtype == w.dtype == g.dtype != jnp.float32  # bf16 in and out: `dense_dot`'s narrow backward
+  dx, dw = (_narrow_grads if narrow else _grads)(x2, w, g2, k_axis)
   return (dx * dec).astype(x.dtype).reshape(x.shape), (dw * dec).astype(w.dtype), jnp.zeros_like(dec)
 
 

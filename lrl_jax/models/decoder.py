@@ -374,7 +374,7 @@ def _matmul(x, w, spec, act_spec=None, qparams=None, alpha=None, wag=None):
   if isinstance(w, kernels.Predecoded):  # a weight decoded once (`kernels.predecode`, `_qat_operand`): the same dot
     x, post = _act_quant(x, act_spec)
     if post is None:  # the product's output in x.dtype: its backward dots in x.dtype too (`kernels.dense_dot`)
-      return kernels.predecoded_dot(x, w, x.dtype).astype(x.dtype)
+      return kernels.predecoded_dot(x, w, x.dtype)
     return _post(kernels.predecoded_dot(x, w), post, x.dtype)
   if isinstance(w, quant.QArray):
     x, post = _act_quant(x, act_spec)

@@ -115,7 +115,7 @@ def test_cpu_backward_contracts_no_leading_axis():
   assert "lhs_contracting_dims={0}" not in hlo and "rhs_contracting_dims={1}" not in hlo
 
 
-@pytest.mark.parametrize("branch", ["_narrow_grads_cpu", "_narrow_grads"])
+@pytest.mark.parametrize("branch", ["_grads_row_major", "_grads"])
 @pytest.mark.parametrize("k_axis", [0, 1])
 def test_both_platform_branches_equal_the_float64_formula(branch, k_axis):
   """Each branch of the bf16 backward (the CPU's row-major one, the other platforms' as jax writes it), both run here,

@@ -437,7 +437,7 @@ def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
     # bf16 one (`kernels.dense_dot` with out_dtype bf16), whose backward dots add the same products in another order
     # (tests/kernels/test_dense_dot.py). The hoisting is compared here with the f32-cotangent dot on both sides.
     f32_out = kernels.predecoded_dot
-    monkeypatch.setattr(kernels, "predecoded_dot", lambda x, p, out_dtype=None: f32_out(x, p))
+    monkeypatch.setattr(kernels, "predecoded_dot", lambda x, p, out_dtype=jnp.float32: f32_out(x, p).astype(out_dtype))
   hoisted = run()
   monkeypatch.setattr(decoder, "_hoist_operands", lambda p, s, dt: (p, s))
   per_matmul = run()
