@@ -74,12 +74,14 @@ def dense_dot(x: jax.Array, w: jax.Array, k_axis: int = 0, out_dtype=jnp.float32
   it, e.g. the SwiGLU backward; that fusion ran at ~130 MB/s and took a quarter of a SmolLM2 learner step:
   `lrl_jax/learner/README.md`.)
 
-  With `out_dtype` the dtype of x and w (bf16 compute), the cotangent arrives in that dtype and the two backward dots
-  take it as it is, each accumulating in f32 and cast to its operand's dtype. A float32 output cast to bf16 after
-  the call gets the same cotangent values, but in float32, which makes the backward dots mix a float32 and a bf16
-  operand: XLA then converts the bf16 operand to float32 and runs float32 dots (on a SmolLM2 bf16 learner step, 6 GB
-  of converts, `lrl_jax/learner/README.md`). The products are the same either way (a bf16 product is exact in f32);
-  only the order XLA adds them in may differ.
+  With x and w in a narrow dtype (bf16 compute), the two backward dots take the cotangent in that dtype too, each
+  accumulating in f32 and cast to its operand's dtype. With `out_dtype` that dtype (a layer's output) the cotangent
+  arrives so. A float32 output (the LM head's: its log-softmax reads f32 logits) gets an f32 cotangent, which the
+  backward rounds to the operands' dtype first, as torch's autocast does (its bf16 linear's output gradient is
+  bf16). That rounding (u = 2⁻⁸ relative per element) is of the size of the one both gradients get anyway, cast to
+  bf16 at the end: the error bound goes from about u·Σ|terms| to 2u·Σ|terms|. Mixing an f32 cotangent with a bf16
+  operand instead makes XLA convert the bf16 operand to float32 and run float32 dots (on a SmolLM2 bf16 learner
+  step, 6 GB of converts, and the LM head's backward at the f32 rate: `lrl_jax/learner/README.md`).
   """
   return _dense_dot(x, w, k_axis, jnp.dtype(out_dtype))
 
@@ -97,8 +99,8 @@ def _dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w = res
   x2 = x.reshape(-1, x.shape[-1])
   g2 = g.reshape(-1, g.shape[-1])
-  if x.dtype == w.dtype == g.dtype != jnp.float32:  # both products in the operands' dtype, f32 accumulation
-    dx, dw = _narrow_grads(x2, w, g2, k_axis)
+  if x.dtype == w.dtype != jnp.float32:  # both products in the operands' dtype, f32 accumulation
+    dx, dw = _narrow_grads(x2, w, g2.astype(x.dtype), k_axis)
     return dx.astype(x.dtype).reshape(x.shape), dw.astype(w.dtype)
   _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x2, w)
   dx, dw = vjp(g2.astype(jnp.float32))
@@ -164,7 +166,7 @@ def _scaled_dense_dot(x, w, dec, k_axis, out_dtype):
   longer in the compute dtype: on a TPU target it is written out and read by both dots (0.9 GB of a SmolLM2 NVFP4
   QAT step's 24.9, `lrl_jax/learner/README.md`), where a scale on a dot's output fuses into the dot. dec is a
   constant to differentiation (its cotangent is zero): the scales are not trained, as in every QAT path here.
-  out_dtype as `dense_dot`'s: the product cast inside, so that a bf16 layer's backward dots take bf16 operands."""
+  out_dtype as `dense_dot`'s, and as there, bf16 operands make bf16 backward dots (the cotangent rounded to bf16)."""
   return (_dot(x, w, k_axis) * dec).astype(out_dtype)
 
 
@@ -175,8 +177,10 @@ def _scaled_dense_dot_fwd(x, w, dec, k_axis, out_dtype):
 def _scaled_dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w, dec = res
   x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-  narrow = x.dtype == w.dtype == g.dtype != jnp.float32  # bf16 in and out: `dense_dot`'s narrow backward
-  dx, dw = (_narrow_grads if narrow else _grads)(x2, w, g2, k_axis)
+  if x.dtype == w.dtype != jnp.float32:  # bf16 operands: `dense_dot`'s narrow backward (the cotangent in bf16)
+    dx, dw = _narrow_grads(x2, w, g2.astype(x.dtype), k_axis)
+  else:
+    dx, dw = _grads(x2, w, g2, k_axis)
   return (dx * dec).astype(x.dtype).reshape(x.shape), (dw * dec).astype(w.dtype), jnp.zeros_like(dec)
 
 

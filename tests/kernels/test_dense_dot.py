@@ -53,8 +53,9 @@ def test_forward_is_the_dot_bit_for_bit(dtype, out, k_axis):
 @pytest.mark.parametrize("dtype, out", CASES)
 @pytest.mark.parametrize("k_axis", [0, 1])
 def test_gradients_equal_the_float64_formula(dtype, out, k_axis):
-  """Including bf16 in and out, whose backward dots take the bf16 cotangent as it is: the bound's program is the vjp
-  itself, so its two products are bf16 x bf16 summed in f32, then rounded to bf16."""
+  """Including bf16 operands, whose backward dots take the cotangent in bf16 (as it comes, or rounded from the f32
+  output's): the bound's program is the vjp itself, so its sites are that rounding, the two products bf16 x bf16
+  summed in f32, then their rounding to bf16."""
   dt = jnp.dtype(dtype)
   x, w, g = _operands(dt, k_axis)
   g = g.astype(out)
@@ -84,26 +85,24 @@ def test_weight_gradient_contracts_one_axis():
   assert all(len(e.params["dimension_numbers"][0][0]) == 1 for e in dots)
 
 
+@pytest.mark.parametrize("out", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("k_axis", [0, 1])
-def test_narrow_output_backward_dots_in_the_operands_dtype(k_axis):
-  """With out_dtype bf16, both backward dots take bf16 operands only (f32 accumulation), and the CPU's are row-major
-  [M, K] · [K, N] on copied transposes (the form XLA:CPU gives its bf16 kernels); with the f32 output the cotangent
-  is f32 and jax's vjp mixes it with a bf16 operand, which XLA runs as an f32 dot on converted copies."""
+def test_narrow_operands_backward_dots_in_their_dtype(out, k_axis):
+  """bf16 operands make both backward dots bf16 x bf16 only (f32 accumulation), whatever the output's dtype: an f32
+  cotangent (the LM head's) is rounded to bf16 first, never mixed with a bf16 operand (which XLA runs as an f32 dot
+  on converted copies). The CPU's are row-major [M, K] · [K, N] on copied transposes (the form XLA:CPU gives its
+  bf16 kernels)."""
   x, w, g = _operands(jnp.bfloat16, k_axis)
   nn = (((1,), (0,)), ((), ()))
-  for out in (jnp.bfloat16, jnp.float32):
-    _, vjp = jax.vjp(lambda a, b: kernels.dense_dot(a, b, k_axis, out), x, w)  # noqa: B023
-    # (jax's vjp of the f32-output dot traces the forward product again, unused: XLA drops it; not counted here)
-    dots = [e for e in _dots(jax.make_jaxpr(vjp)(g.astype(out)).jaxpr) if e.outvars[0].aval.shape != (15, 6)]
-    for e in dots:
-      assert e.params["preferred_element_type"] == jnp.float32
-      assert len(e.params["dimension_numbers"][0][0]) == 1  # one contracted axis each
-    dtypes = [{v.aval.dtype for v in e.invars} for e in dots]
-    if out == jnp.bfloat16:  # two per branch of lax.platform_dependent: the CPU's, then the others'
-      assert len(dots) == 4 and all(d == {jnp.dtype(jnp.bfloat16)} for d in dtypes), dtypes
-      assert sum(e.params["dimension_numbers"] == nn for e in dots) >= 2
-    else:
-      assert len(dots) == 2 and all(d == {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)} for d in dtypes)
+  _, vjp = jax.vjp(lambda a, b: kernels.dense_dot(a, b, k_axis, out), x, w)
+  dots = list(_dots(jax.make_jaxpr(vjp)(g.astype(out)).jaxpr))
+  for e in dots:
+    assert e.params["preferred_element_type"] == jnp.float32
+    assert len(e.params["dimension_numbers"][0][0]) == 1  # one contracted axis each
+  dtypes = [{v.aval.dtype for v in e.invars} for e in dots]
+  # two per branch of lax.platform_dependent: the CPU's, then the others'
+  assert len(dots) == 4 and all(d == {jnp.dtype(jnp.bfloat16)} for d in dtypes), dtypes
+  assert sum(e.params["dimension_numbers"] == nn for e in dots) >= 2
 
 
 def test_cpu_backward_contracts_no_leading_axis():

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from jax import lax
 
 from lrl_jax import kernels, models, quant
 from lrl_jax.models import ModelConfig
@@ -434,10 +435,20 @@ def test_qat_operands_made_once_equal_the_per_matmul_path(spec, monkeypatch):
     assert params["layers"]["mlp"]["up_proj"]["kernel"].dtype == jnp.float32 and cast.w.dtype == jnp.bfloat16
   if spec is not None:
     # The per-matmul QAT dot (AQT's) takes the f32 cotangent of its f32 output; the hoisted operand's dot takes a
-    # bf16 one (`kernels.dense_dot` with out_dtype bf16), whose backward dots add the same products in another order
-    # (tests/kernels/test_dense_dot.py). The hoisting is compared here with the f32-cotangent dot on both sides.
-    f32_out = kernels.predecoded_dot
-    monkeypatch.setattr(kernels, "predecoded_dot", lambda x, p, out_dtype=jnp.float32: f32_out(x, p).astype(out_dtype))
+    # bf16 one (`kernels.dense_dot` on bf16 operands), whose backward dots add the same products in another order
+    # (tests/kernels/test_dense_dot.py). The hoisting is compared here with the f32-cotangent dot on both sides: jax's
+    # own vjp of the f32-accumulated dot over x's rows (NVFP4's f32 operands keep `predecoded_dot`, whose f32
+    # backward is that).
+    own = kernels.predecoded_dot
+
+    def f32_cotangent_dot(x, p, out_dtype=jnp.float32):
+      if p.dec is not None:
+        return own(x, p, out_dtype)
+      k = 0 if p.axis == -2 else 1
+      y = lax.dot_general(x.reshape(-1, x.shape[-1]), p.w, (((1,), (k,)), ((), ())), preferred_element_type=jnp.float32)
+      return y.reshape(*x.shape[:-1], -1).astype(out_dtype)
+
+    monkeypatch.setattr(kernels, "predecoded_dot", f32_cotangent_dot)
   hoisted = run()
   monkeypatch.setattr(decoder, "_hoist_operands", lambda p, s, dt: (p, s))
   per_matmul = run()
