@@ -124,8 +124,7 @@ def logprobs_from_logits(logits_BTV, tokens_BT, valid_BT=None, *, with_entropy: 
   logp = _shift_to_targets(picked - lse, prev, has_prev)
   if not with_entropy:
     return logp
-  ent = losses.entropy_from_logits(z, valid_BT)
-  return logp, _shift_to_targets(ent, prev, has_prev)
+  return logp, _shift_to_targets(losses.softmax_entropy(z, lse), prev, has_prev)
 
 
 def _compute_cfg(model_cfg: ModelConfig, cfg: LearnerConfig) -> ModelConfig:
@@ -215,7 +214,7 @@ def logprobs_from_hidden(
   logp = pad(picked - lse)
   if not with_entropy:
     return logp
-  return logp, pad(losses.entropy_from_logits(z, has_prev))
+  return logp, pad(losses.softmax_entropy(z, lse))
 
 
 def _chunked_logprobs(params, h_BTD, tokens_BT, valid_BT, mcfg, *, start, temperature, chunk, with_entropy):
@@ -240,7 +239,7 @@ def _chunked_logprobs(params, h_BTD, tokens_BT, valid_BT, mcfg, *, start, temper
     lp = jnp.take_along_axis(z, t_c[:, None], axis=-1)[:, 0] - lse
     if not with_entropy:
       return lp, jnp.zeros_like(lp)
-    return lp, losses.entropy_from_logits(z[None], jnp.ones((1, chunk), bool))[0]
+    return lp, losses.softmax_entropy(z, lse)
 
   lp, ent = lax.map(one, (h, tok))
   back = lambda x: jnp.concatenate(

@@ -39,7 +39,7 @@ from lrl_jax.losses.corrections import (
 )
 from lrl_jax.losses.distill import distill_kl
 from lrl_jax.losses.metrics import mismatch_metrics
-from lrl_jax.losses.policy import KLEstimator, entropy_from_logits, gspo_loss, kl_penalty, ppo_loss
+from lrl_jax.losses.policy import KLEstimator, entropy_from_logits, gspo_loss, kl_penalty, ppo_loss, softmax_entropy
 from lrl_jax.losses.value import (
   delta_multiplier,
   delta_schedule,
@@ -70,6 +70,7 @@ __all__ = [
   "gspo_loss",
   "kl_penalty",
   "entropy_from_logits",
+  "softmax_entropy",
   "KLEstimator",
   # corrections
   "tis_weights",

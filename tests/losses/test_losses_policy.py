@@ -238,3 +238,27 @@ def test_entropy_from_logits():
   np.testing.assert_allclose(
     L.entropy_from_logits(zb, m), ref.entropy(np.asarray(zb, np.float64), m), rtol=1e-5, atol=1e-6
   )
+
+
+@pytest.mark.parametrize("peak", [0.0, 40.0])
+def test_softmax_entropy_within_its_rounding_bound(peak):
+  """softmax_entropy(z) against H = −Σ p log p in float64 of the same f32 z, within the worst-case first-order rounding
+  bound of its own program (`tests/_fp_bound.rounding_bound`: every exp, sum, product and division, any summation
+  order); with one logit 40 above the rest (H ~1e-11) too, where the rounding of lse (~40·2⁻²⁴) dominates, as it
+  does in lse − Σ p·z. Given the lse it would take itself, the result is the same bits (the learner's call)."""
+  from tests._fp_bound import rounding_bound  # noqa: PLC0415
+
+  rng = np.random.default_rng(26)
+  z = (rng.normal(size=(3, 2048)) * 3).astype(np.float32)
+  z[:, 7] += peak
+  z64 = z.astype(np.float64)
+  lse = np.log(np.exp(z64 - z64.max(-1, keepdims=True)).sum(-1)) + z64.max(-1)
+  p = np.exp(z64 - lse[:, None])
+  want = -(p * (z64 - lse[:, None])).sum(-1)
+  zj = jnp.asarray(z)
+  f = jax.jit(lrl_jax.losses.softmax_entropy)
+  got = np.asarray(f(zj), np.float64)
+  err = np.asarray(rounding_bound(lrl_jax.losses.softmax_entropy, zj, model="worst").err, np.float64)
+  np.testing.assert_array_less(np.abs(got - want), err)
+  with_lse = jax.jit(lambda z: lrl_jax.losses.softmax_entropy(z, jax.nn.logsumexp(z, axis=-1)))(zj)
+  np.testing.assert_array_equal(np.asarray(with_lse), np.asarray(f(zj)))
