@@ -1,0 +1,56 @@
+"""The quantizers' group amax (`qarray._absmax`) and NVFP4's per-matrix amax (`qarray._nvfp4_global`), taken as
+integer maxima over |x|'s bits, against NumPy: max |x| over each group, NaN where the group holds a NaN or an Inf;
+the per-matrix one over the finite elements only. Exact (a max rounds nothing), in f32 and bf16, with signed zeros,
+subnormals, ±Inf and NaNs of both signs placed in some groups."""
+
+import importlib
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+qa = importlib.import_module("lrl_jax.quant.qarray")
+
+
+def _specials(dtype, shape=(3, 8, 16)):
+  rng = np.random.default_rng(7)
+  x = (rng.normal(size=shape) * np.exp(rng.uniform(-30, 10, size=shape))).astype(np.float32)
+  x[0, 0, :4] = [-0.0, 0.0, 1e-40, -1e-42]  # signed zeros and f32 subnormals (bf16: its own, or flushed by the cast)
+  x[0, 1, 3] = np.inf
+  x[1, 2, 5] = -np.inf
+  x[1, 3, 0] = np.nan
+  x[2, 4, 9] = -np.nan
+  x[2, 5, :] = 0.0  # an all-zero row
+  return x.astype(dtype)
+
+
+def _float64_absmax(x, axis):
+  a = np.abs(x.astype(np.float64))
+  m = a.max(axis=axis, keepdims=True)
+  bad = (~np.isfinite(x.astype(np.float64))).any(axis=axis, keepdims=True)
+  return np.where(bad, np.nan, m)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("axis", [-1, -2, (-3, -1)])
+def test_absmax_is_the_max_magnitude_with_nonfinite_groups_nan(dtype, axis):
+  x = _specials(dtype)
+  got = np.asarray(qa._absmax(jnp.asarray(x), axis))
+  assert got.dtype == np.dtype(dtype)
+  want = _float64_absmax(x, axis)
+  np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), np.isnan(want))
+  np.testing.assert_array_equal(got.astype(np.float64)[~np.isnan(want)], want[~np.isnan(want)])
+  zero = np.asarray(qa._absmax(jnp.asarray(np.array([[-0.0, -0.0]], dtype)), -1))
+  assert zero.astype(np.float64)[0, 0] == 0 and not np.signbit(zero[0, 0])  # +0, as max(|x|) gives
+
+
+def test_nvfp4_global_amax_is_over_the_finite_elements():
+  x = _specials(np.float32)
+  dec, enc = qa._nvfp4_global(jnp.asarray(x))
+  x64 = x.astype(np.float64)
+  amax = np.where(np.isfinite(x64), np.abs(x64), 0.0).max(axis=(1, 2))
+  # the amax is what is under test: its encode / decode scales through the same f32 divisions as the code's
+  want_enc = (qa.FP8_MAX * qa.FP4_MAX) / jnp.asarray(amax, jnp.float32)
+  np.testing.assert_array_equal(np.asarray(enc), np.asarray(want_enc))
+  np.testing.assert_array_equal(np.asarray(dec), np.asarray(1.0 / want_enc))
