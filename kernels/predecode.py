@@ -99,12 +99,8 @@ def _dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w = res
   x2 = x.reshape(-1, x.shape[-1])
   g2 = g.reshape(-1, g.shape[-1])
-  if x.dtype == w.dtype != jnp.float32:  # both products in the operands' dtype, f32 accumulation
-    dx, dw = _narrow_grads(x2, w, g2.astype(x.dtype), k_axis)
-    return dx.astype(x.dtype).reshape(x.shape), dw.astype(w.dtype)
-  _, vjp = jax.vjp(lambda a, b: _dot(a, b, k_axis), x2, w)
-  dx, dw = vjp(g2.astype(jnp.float32))
-  return dx.reshape(x.shape), dw
+  dx, dw = _product_grads(x2, w, g2, k_axis)
+  return dx.astype(x.dtype).reshape(x.shape), dw.astype(w.dtype)
 
 
 _dense_dot.defvjp(_dense_dot_fwd, _dense_dot_bwd)
@@ -118,6 +114,15 @@ def _grads(x2, w, g2, k_axis):
   dx = lax.dot_general(g2, w, (((1,), (1 - k_axis,)), ((), ())), preferred_element_type=jnp.float32)  # [rows, K]
   a, b = (x2, g2) if k_axis == 0 else (g2, x2)  # dw [K, N] = xᵀ · g, or [N, K] = gᵀ · x
   return dx, lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def _product_grads(x2, w, g2, k_axis):
+  """(dx, dw) f32 of the backward both custom vjps here share: on bf16 (narrow) x2 and w, `_narrow_grads` with the
+  cotangent rounded to their dtype (the LM head's f32 one; a layer's arrives so); else `_grads` in f32 (the same
+  bits as jax's own vjp of the f32 dot)."""
+  if x2.dtype == w.dtype != jnp.float32:
+    return _narrow_grads(x2, w, g2.astype(x2.dtype), k_axis)
+  return _grads(x2, w, g2.astype(jnp.float32), k_axis)
 
 
 def _narrow_grads(x2, w, g2, k_axis):
@@ -177,10 +182,7 @@ def _scaled_dense_dot_fwd(x, w, dec, k_axis, out_dtype):
 def _scaled_dense_dot_bwd(k_axis, out_dtype, res, g):
   x, w, dec = res
   x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
-  if x.dtype == w.dtype != jnp.float32:  # bf16 operands: `dense_dot`'s narrow backward (the cotangent in bf16)
-    dx, dw = _narrow_grads(x2, w, g2.astype(x.dtype), k_axis)
-  else:
-    dx, dw = _grads(x2, w, g2, k_axis)
+  dx, dw = _product_grads(x2, w, g2, k_axis)
   return (dx * dec).astype(x.dtype).reshape(x.shape), (dw * dec).astype(w.dtype), jnp.zeros_like(dec)
 
 
