@@ -14,8 +14,11 @@ AQT's own extension points:
 
 * numerics: `IntSymmetric(bits=4, preserve_zero=True, preserve_max_val=True)` maps amax
   to the centre of the last bucket, i.e. s = amax/7 with codes clipped to ±7 (AQT's
-  default, `preserve_max_val=False`, uses 7.5 and reaches -8). FP8 uses `Fp8Numerics(e4m3)`,
-  which clips to ±448 before the cast, as the contract does.
+  default, `preserve_max_val=False`, uses 7.5 and reaches -8). FP8 uses `_E4m3Numerics`, AQT's
+  `Fp8Numerics(e4m3)` (which clips to ±448 before the cast, as the contract does) with its round
+  to nearest even done as arithmetic in float32 (`qarray._round_e4m3`) instead of a cast to
+  float8_e4m3fn and back: the same values bit for bit, but XLA:CPU's f8 convert is a software
+  routine that cost the FP8 QAT operand half its time.
 * calibration: `_ContractCalibration` (a `Calibration` subclass) computes the group /
   channel / block scales exactly as `quant.quantize` does: the 1e-5 floor (AQT's
   AbsMax maps an all-zero group to amax 1 instead), rounding to the scale dtype
@@ -57,6 +60,7 @@ from lrl_jax.quant.qarray import (
   _div,
   _fenced_groups,
   _groups,
+  _round_e4m3,
   _ungroup,
   check_spec,
   fake_quant,
@@ -116,6 +120,21 @@ class _DividingQuantizer(aqt_quantizer.Quantizer):
     return qt.replace(qvalue=x_q), jax.tree_util.Partial(self.numerics.vjp_bwd, res)
 
 
+@aqt_utils.flax_slots_kw_only_dataclass
+class _E4m3Numerics(fp8_numerics.Fp8Numerics):
+  """AQT's e4m3 numerics, its forward as arithmetic: clip to ±448, then `qarray._round_e4m3`, the value of AQT's
+  `round_to_nearest_even` (a cast to float8_e4m3fn and back) bit for bit, left in float32. `QTensor.dequant` casts
+  the qvalue to the weight's dtype before the scale: exact from e4m3 values, as from float8_e4m3fn. The vjp
+  (straight-through, no clip gradient) is `Fp8Numerics`'s."""
+
+  def vjp_fwd(self, x, context):
+    del context
+    if x.dtype != jnp.float32:
+      raise TypeError(f"_E4m3Numerics rounds float32 quotients; got {x.dtype}")
+    bound = self._get_edge_of_last_fp8_bucket()
+    return _round_e4m3(jnp.clip(x, -bound, bound)), (x,)
+
+
 def _numerics(spec: Int4 | FP8):
   if isinstance(spec, Int4):
     return int_numerics.IntSymmetric(
@@ -128,7 +147,7 @@ def _numerics(spec: Int4 | FP8):
       clip_gradient=False,
       dtype=jnp.int8,
     )
-  return fp8_numerics.Fp8Numerics(dtype=jnp.float8_e4m3fn, exponent_bits=4, mantissa_bits=3)
+  return _E4m3Numerics(dtype=jnp.float8_e4m3fn, exponent_bits=4, mantissa_bits=3)
 
 
 @functools.lru_cache(maxsize=None)

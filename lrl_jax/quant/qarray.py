@@ -327,9 +327,11 @@ def _dequantize_int4(q: QArray):
   return _ungroup(qg * _scale_groups(q.scale, q.axis).astype(jnp.float32), q.axis)
 
 
-def _fp8_codes(x, s):
-  # A plain cast of |x| > 464 to float8_e4m3fn gives NaN: clip to ±448 first.
-  return _exact_cast(jnp.clip(_div(x, s), -FP8_MAX, FP8_MAX), jnp.float8_e4m3fn)
+def _fp8_codes(x, s, cast=True):
+  # A plain cast of |x| > 464 to float8_e4m3fn gives NaN: clip to ±448 first. cast=False: the codes' values in
+  # float32, rounded by arithmetic (`_round_e4m3`, the same numbers) for a fake quant that never stores them.
+  v = jnp.clip(_div(x, s), -FP8_MAX, FP8_MAX)
+  return _exact_cast(v, jnp.float8_e4m3fn) if cast else _round_e4m3(v)
 
 
 def _fp8_scale(amax):
@@ -338,16 +340,16 @@ def _fp8_scale(amax):
   return _poison(jnp.maximum(_div(amax, FP8_MAX), _F32_TINY), amax)
 
 
-def _quantize_fp8(x, spec: FP8, axis):
+def _quantize_fp8(x, spec: FP8, axis, cast=True):
   if spec.granularity == "block":
     b = spec.block
     *lead, k, n = x.shape
     xb = x.reshape(*lead, k // b, b, n // b, b)
     s = _fp8_scale(_absmax(xb, (-3, -1)))
-    codes = _fp8_codes(xb, s).reshape(x.shape)
+    codes = _fp8_codes(xb, s, cast).reshape(x.shape)
     return codes, s[..., 0, :, 0], None
   s = _fp8_scale(_absmax(x, axis))
-  return _fp8_codes(x, s), s, None
+  return _fp8_codes(x, s, cast), s, None
 
 
 def _dequantize_fp8(q: QArray):
@@ -360,7 +362,7 @@ def _dequantize_fp8(q: QArray):
   return c * q.scale
 
 
-def _quantize_mxfp8(x, spec: MXFP8, axis):
+def _quantize_mxfp8(x, spec: MXFP8, axis, cast=True):
   xg = _groups(x, axis, spec.block_size)
   amax = _absmax(xg, axis)
   v = _div(amax, FP8_MAX)
@@ -371,7 +373,7 @@ def _quantize_mxfp8(x, spec: MXFP8, axis):
   e = jnp.clip(e, -126, 127)
   scale = jnp.ldexp(jnp.ones_like(v), e)
   scale = _poison(scale, amax)
-  codes = _fp8_codes(xg, scale)
+  codes = _fp8_codes(xg, scale, cast)
   return _ungroup(codes, axis), _scale_shape(scale.astype(jnp.float8_e8m0fnu), axis), None
 
 
@@ -564,6 +566,11 @@ def _fake_quant(x, spec, axis):
   if isinstance(spec, (NVFP4, NVFP4WAG)):  # the same numbers without packing the codes (`nvfp4_operand`)
     w_b, dec = lax.optimization_barrier(nvfp4_operand(x, spec, axis=axis))
     return (w_b * _per_matrix(dec, x.ndim)).astype(x.dtype)
+  if isinstance(spec, (FP8, MXFP8)):  # the codes' values left in float32 (`_fp8_codes`): no f8 convert, same numbers
+    ax = check_spec(spec, x.shape, x.dtype, axis)
+    codes, sc, _ = _QUANTIZE[type(spec)](x.astype(jnp.float32), spec, ax, cast=False)
+    q = lax.optimization_barrier(QArray(codes=codes, scale=sc, global_scale=None, spec=spec, axis=ax))
+    return dequantize(q, x.dtype)
   q = quantize(x, spec, axis=axis)
   q = lax.optimization_barrier(q)  # keep XLA from fusing quantize/dequantize into something else
   return dequantize(q, x.dtype)

@@ -107,3 +107,26 @@ def test_multi_axis_contraction_rejected():
   dg = quant.dot_general_for(quant.Int4(group_size=32))
   with pytest.raises(ValueError, match="one axis"):
     dg(jnp.ones((2, 4, 32)), jnp.ones((4, 32, 8)), (((1, 2), (0, 1)), ((), ())))
+
+
+def test_e4m3_numerics_equal_aqt_cast():
+  """The FP8 numerics' arithmetic forward (`aqt._E4m3Numerics`) = AQT's stock `Fp8Numerics(e4m3)` (clip to ±448, a
+  cast to float8_e4m3fn and back), bit for bit (signs of zero included), at every e4m3 value, every tie between
+  two of them and one float32 ulp either side, below the subnormals, beyond ±448 (clipped), at ±Inf, and NaN
+  stays NaN."""
+  from aqt.jax.v2.numerics import fp8_numerics
+
+  grid = np.unique(np.abs(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)).astype(np.float32))
+  grid = grid[np.isfinite(grid)]
+  ties = (grid[:-1] + grid[1:]) / 2  # exact in float32: 4 significant bits
+  pts = np.concatenate([grid, ties, np.nextafter(ties, 0), np.nextafter(ties, np.inf)])
+  rng = np.random.default_rng(11)
+  extra = [2.0**-12, 2.0**-10, np.finfo(np.float32).smallest_subnormal, 449.0, 464.0, 465.0, 1e6, np.inf]
+  pts = np.concatenate([pts, extra, np.exp(rng.uniform(-12, 7, 4096))]).astype(np.float32)
+  x = jnp.asarray(np.concatenate([pts, -pts]))
+  args = dict(dtype=jnp.float8_e4m3fn, exponent_bits=4, mantissa_bits=3)
+  stock = fp8_numerics.Fp8Numerics(**args).vjp_fwd(x, None)[0].astype(jnp.float32)
+  ours = quant.aqt._E4m3Numerics(**args).vjp_fwd(x, None)[0]
+  assert ours.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(ours).view(np.uint32), np.asarray(stock).view(np.uint32))
+  assert np.isnan(np.asarray(quant.aqt._E4m3Numerics(**args).vjp_fwd(jnp.array([np.nan]), None)[0])).all()

@@ -99,6 +99,27 @@ def test_fake_quant_equals_dequantize_quantize_hypothesis(data):
   _same(_fq_jit(spec, axis)(xj), _dequantize(_quantize(xj, spec, axis=axis)))
 
 
+@pytest.mark.parametrize(
+  "spec", [quant.FP8(), quant.FP8(granularity="block", block=32), quant.MXFP8()], ids=lambda s: s.name
+)
+def test_fp8_fake_quant_without_the_cast_equals_the_codes(spec):
+  """FP8 / MXFP8 `fake_quant` rounds the codes' values by arithmetic (`qarray._fp8_codes(cast=False)`), `quantize`
+  casts them to float8_e4m3fn: the same numbers bit for bit (signs of zero included) on a stack of matrices with
+  NaN and ±Inf in some groups, and the signs of zero of a group of tiny values."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_t(3, (2, 64, 128)).astype(np.float32)
+  x[0, 3, 5], x[1, 40, 17], x[1, 0, 100] = np.nan, np.inf, -np.inf
+  x[0, :, 64:96] *= np.float32(1e-4)  # a block whose small values round to ±0
+  for dtype in (jnp.float32, jnp.bfloat16):
+    xj = jnp.asarray(x, dtype)
+    want = np.asarray(_dequantize(_quantize(xj, spec, axis=-2), dtype), np.float32)
+    got = np.asarray(_fq_jit(spec, -2)(xj), np.float32)
+    assert np.isnan(got).sum() > 0
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_array_equal(got[ok].view(np.uint32), want[ok].view(np.uint32))
+
+
 @pytest.mark.parametrize("spec", [quant.NVFP4(), quant.NVFP4WAG()], ids=["nvfp4", "nvfp4_wag"])
 def test_nvfp4_operand_equals_the_served_form(spec):
   """`nvfp4_operand` (no codes packed) = dequantize(quantize(x), global_scale=False) and its global scale, bit for
