@@ -382,12 +382,40 @@ def _dequantize_mxfp8(q: QArray):
   return _ungroup(cg * _scale_groups(q.scale, q.axis).astype(jnp.float32), q.axis)
 
 
-def _nvfp4_global(x):
-  # Per-matrix amax (last two axes; leading axes are a stack of matrices), over finite
-  # elements only, so one NaN does not poison the whole matrix.
-  mag, inf = _magnitude_bits(x)  # max over the finite |x| as integers (`_magnitude_bits`)
-  m = jnp.max(jnp.where(mag < inf, mag, 0), axis=tuple(range(max(x.ndim - 2, 0), x.ndim)))
-  amax = lax.bitcast_convert_type(m, x.dtype)
+def _finite_absmax(x: jax.Array, axes) -> jax.Array:
+  """max |x| over `axes` among the finite elements (0 where there is none), as an integer max (`_magnitude_bits`)."""
+  mag, inf = _magnitude_bits(x)
+  return lax.bitcast_convert_type(jnp.max(jnp.where(mag < inf, mag, 0), axis=axes), x.dtype)
+
+
+def _block_amaxes(xg: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+  """(`_absmax(xg, axis)`, the max |x| over the finite elements of each group, 0 if none; both kept dims) from one
+  variadic reduction: XLA reads the groups once for both. NVFP4 takes its per-matrix amax from the second: the max
+  over the blocks is the max over the matrix, but XLA:CPU reduced a whole [576, 1536] matrix at a sixth of the rate
+  it reduces its groups (17 against 2.5 ms on a [30, 576, 1536] stack), and XLA:TPU read the weight a second time."""
+  mag, inf = _magnitude_bits(xg)
+  ax = axis % xg.ndim
+  zero = jnp.zeros((), mag.dtype)
+  m, f = lax.reduce(
+    (mag, jnp.where(mag < inf, mag, zero)),
+    (zero, zero),
+    lambda a, b: (jnp.maximum(a[0], b[0]), jnp.maximum(a[1], b[1])),
+    (ax,),
+  )
+  m, f = jnp.expand_dims(m, ax), jnp.expand_dims(f, ax)
+  amax = jnp.where(m >= inf, jnp.array(jnp.nan, xg.dtype), lax.bitcast_convert_type(m, xg.dtype))
+  return amax, lax.bitcast_convert_type(f, xg.dtype)
+
+
+def _nvfp4_global(x, finite_block_amax=None):
+  """(dec, enc) of each matrix from its amax over the last two axes (leading axes are a stack of matrices), over
+  finite elements only, so one NaN does not poison the whole matrix. finite_block_amax: x's blocks' finite amax in
+  the grouped layout (`_block_amaxes`), the max taken over them instead of over x (`_nvfp4_prepare`)."""
+  if finite_block_amax is None:
+    amax = _finite_absmax(x, tuple(range(max(x.ndim - 2, 0), x.ndim)))
+  else:
+    b = finite_block_amax
+    amax = jnp.max(b, axis=tuple(range(max(b.ndim - 3, 0), b.ndim)))  # finite, >= 0: a float max is exact
   enc = (FP8_MAX * FP4_MAX) / amax
   enc = jnp.where(amax > 0, jnp.minimum(enc, _F32_MAX), 1.0)  # 1 when amax is 0; no Inf for tiny amax
   return 1.0 / enc, enc
@@ -413,10 +441,10 @@ def _nvfp4_prepare(x, axis, tile: bool = False):
   [.., K/16, 16, ..] (NaN -> 0: the NaN lives on in the block scale), s_b the block scales [.., K/16, 1, ..] (e4m3
   values held in float32), dec the per-matrix decode scale. tile: one s_b per 16x16 tile of the last two axes
   (`NVFP4WAG` weights)."""
-  dec, enc = _nvfp4_global(x.astype(jnp.float32))
   xg = _fenced_groups(x, axis, 16).astype(jnp.float32)
+  amax, finite_amax = _block_amaxes(xg, axis)
+  dec, enc = _nvfp4_global(xg, finite_amax)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
-  amax = _absmax(xg, axis)
   if tile:
     amax = _tile_max(amax, axis)
   sb = _round_e4m3(_poison(jnp.minimum(_div(amax * enc, FP4_MAX), FP8_MAX), amax))

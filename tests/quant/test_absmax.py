@@ -54,3 +54,38 @@ def test_nvfp4_global_amax_is_over_the_finite_elements():
   want_enc = (qa.FP8_MAX * qa.FP4_MAX) / jnp.asarray(amax, jnp.float32)
   np.testing.assert_array_equal(np.asarray(enc), np.asarray(want_enc))
   np.testing.assert_array_equal(np.asarray(dec), np.asarray(1.0 / want_enc))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_block_amaxes_both_maxima_in_one_reduction(dtype, axis):
+  """`_block_amaxes`: `_absmax` of each group and the max |x| over its finite elements (0 if none), both against
+  NumPy."""
+  x = _specials(np.float32)
+  x[2, :, :4] = np.nan  # groups (along either axis) with no finite element
+  x = x.astype(dtype)
+  amax, finite = (np.asarray(a) for a in qa._block_amaxes(jnp.asarray(x), axis))
+  want = _float64_absmax(x, axis)
+  np.testing.assert_array_equal(np.isnan(amax.astype(np.float64)), np.isnan(want))
+  np.testing.assert_array_equal(amax.astype(np.float64)[~np.isnan(want)], want[~np.isnan(want)])
+  x64 = x.astype(np.float64)
+  np.testing.assert_array_equal(
+    finite.astype(np.float64), np.where(np.isfinite(x64), np.abs(x64), 0.0).max(axis=axis, keepdims=True)
+  )
+
+
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_nvfp4_global_amax_from_the_blocks(axis):
+  """`_nvfp4_prepare` takes each matrix's amax as the max over its blocks' finite amaxes: the same as over the whole
+  matrix's finite elements, on a stack with non-finite values, a matrix whose every value is non-finite but one
+  block, and an all-zero matrix (amax 0: enc 1)."""
+  x = np.concatenate([_specials(np.float32, (3, 32, 48)), np.zeros((1, 32, 48), np.float32)])
+  x[1, :, :] = np.inf
+  x[1, 0, :16] = np.linspace(-3.0, 2.0, 16)  # one finite block (along either axis) in an Inf matrix
+  x[1, :16, 0] = np.linspace(-3.0, 2.0, 16)
+  dec = np.asarray(qa._nvfp4_prepare(jnp.asarray(x), axis)[2])
+  x64 = x.astype(np.float64)
+  amax = np.where(np.isfinite(x64), np.abs(x64), 0.0).max(axis=(1, 2))
+  assert amax[1] == 3.0 and amax[3] == 0.0
+  want_enc = jnp.where(amax > 0, (qa.FP8_MAX * qa.FP4_MAX) / jnp.asarray(amax, jnp.float32), 1.0)
+  np.testing.assert_array_equal(dec, np.asarray(1.0 / want_enc))
