@@ -137,7 +137,7 @@ def test_lowers_for_cuda_within_shared_memory(fmt, k, n, m):
 
 
 @pytest.mark.parametrize("fmt", ["int4_g128", pytest.param("nvfp4", marks=pytest.mark.slow)])
-def test_sampler_generate_lowers_with_mosaic_gpu_kernels(fmt, monkeypatch):
+def test_sampler_generate_lowers_with_mosaic_gpu_kernels(fmt, monkeypatch, request):
   """The whole sampler (prefill, the decode loop over the KV cache, scanned layers) lowers for cuda with dispatch as
   on an H200 whose jax has no Triton: all 14 projections (7 per layer body, prefill and decode) are Mosaic GPU."""
   import functools  # pylint: disable=g-import-not-at-top
@@ -151,6 +151,11 @@ def test_sampler_generate_lowers_with_mosaic_gpu_kernels(fmt, monkeypatch):
   monkeypatch.setattr(dispatch, "_gpu_compute_capability", lambda: 9.0)
   monkeypatch.setattr(mg, "triton_available", lambda: False)
   monkeypatch.setattr(dispatch._mm, "pallas_matmul", functools.partial(dispatch._mm.pallas_matmul, interpret=False))
+  # The dispatch is decided at trace time: a jaxpr of the sampler's inner jits cached by an earlier test in this
+  # process (Triton kernels for cuda, say) would be reused as it is, and the count below would meet its kernels;
+  # and this test's Mosaic GPU jaxprs must not reach a later one.
+  jax.clear_caches()
+  request.addfinalizer(jax.clear_caches)
   served = jax.eval_shape(lambda: serve_params(init_params(cfg, jax.random.key(0)), SAMPLER_FORMATS[fmt]))
   fn = lambda params, prompts, valid: generate(
     params, prompts, valid, cfg, SamplingConfig(max_new_tokens=4), jax.random.key(0)
