@@ -357,3 +357,19 @@ def test_int4_exact_ties_hypothesis(data):
   codes = np.asarray(packing.unpack_nibbles(q.codes, axis=0)).astype(np.int16) - 8
   np.testing.assert_array_equal(codes, ref.int4(w, 32, axis=0)[0])
   np.testing.assert_array_equal(codes[1:], np.round(half[1:]))  # half to even
+
+
+def test_code_bits_equal_the_casts():
+  """`quantize` stores FP8 / MXFP8 codes and NVFP4's block scales through `qarray._e4m3_bits` and NVFP4's values
+  through `_e2m1_nibbles` (integer arithmetic) instead of XLA's f8 / f4 converts: the same bits as ml_dtypes' casts
+  at every value of each format, both signed zeros, and NaN of either sign (e4m3: 0x7F / 0xFF; e2m1 has no NaN,
+  and XLA:CPU's convert gives code 8)."""
+  e4 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)  # every code, 2 NaNs
+  got = np.asarray(jax.jit(quant.qarray._e4m3_bits)(jnp.asarray(e4))).view(np.uint8)
+  np.testing.assert_array_equal(got, np.arange(256, dtype=np.uint8))
+  e2 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+  got = np.asarray(jax.jit(quant.qarray._e2m1_nibbles)(jnp.asarray(e2)))
+  np.testing.assert_array_equal(got, np.arange(16, dtype=np.uint8))
+  nan = jnp.array([np.nan, -np.nan], jnp.float32)
+  xla = jax.lax.bitcast_convert_type(nan.astype(jnp.float4_e2m1fn), jnp.uint4).astype(jnp.uint8)
+  np.testing.assert_array_equal(np.asarray(quant.qarray._e2m1_nibbles(nan)), np.asarray(xla))
