@@ -57,7 +57,6 @@ from lrl_jax.quant.qarray import (
   _F32_TINY,
   _INT4_SCALE_FLOOR,
   _absmax,
-  _channel_absmax,
   _div,
   _fenced_groups,
   _groups,
@@ -104,7 +103,7 @@ class _ContractCalibration(aqt_calibration.Calibration):
       s = jnp.where(jnp.isfinite(amax), jnp.maximum(_div(amax, FP8_MAX), _F32_TINY), jnp.nan)
       s = jnp.broadcast_to(s, xb.shape).reshape(x.shape)
     else:
-      amax = _channel_absmax(x, axis)
+      amax = _absmax(x, axis)
       s = jnp.where(jnp.isfinite(amax), jnp.maximum(_div(amax, FP8_MAX), _F32_TINY), jnp.nan)
       s = jnp.broadcast_to(s, x.shape)
     return [s], [], None

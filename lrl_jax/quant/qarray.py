@@ -217,30 +217,32 @@ def _absmax(xg: jax.Array, axes) -> jax.Array:
   NaN enters the max as +Inf (some XLA CPU reductions drop NaN from a max), so one reduction marks both; a second
   one (`all(isfinite)`) cost XLA:TPU another pass over the weight stack: the INT4 QAT step's bytes accessed above the
   bf16 step's 3.44 -> 2.78 GB (`lrl_jax/learner/README.md`).
+
+  One long non-minor axis (>= 64, a multiple of 16: INT4 g64 / g128 groups, FP8's per-channel K) is reduced on a CPU
+  in two stages, over groups of 16 along it and then over those: the same value (a max of maxima; NaN stays NaN),
+  but XLA:CPU reduced such an axis at a third to a quarter of the rate (a [30, 576, 1536] stack: over K 12.3 ->
+  2.7 ms, over groups of 64 12.9 -> 4.0 ms; over 32, one stage is the faster). Elsewhere in one go
+  (`lax.platform_dependent`): XLA:TPU did not fuse the two-stage form (FP8's fake quant of that stack 10.0 -> 18.6
+  bytes a weight).
   """
+  if isinstance(axes, int):
+    ax = axes % xg.ndim
+    n = xg.shape[ax]
+    if ax != xg.ndim - 1 and n >= 64 and n % 16 == 0:
+
+      def two_stage(x):
+        blocks = _absmax_once(_groups(x, ax - x.ndim, 16), ax - x.ndim)  # [.., n/16, 1, ..]
+        return _absmax_once(jnp.squeeze(blocks, ax + 1), ax)
+
+      return lax.platform_dependent(xg, cpu=two_stage, default=lambda x: _absmax_once(x, ax))
+  return _absmax_once(xg, axes)
+
+
+def _absmax_once(xg: jax.Array, axes) -> jax.Array:
+  """`_absmax` as one reduction."""
   mag, inf = _magnitude_bits(xg)
   m = jnp.max(mag, axis=axes, keepdims=True)
   return jnp.where(m >= inf, jnp.array(jnp.nan, xg.dtype), lax.bitcast_convert_type(m, xg.dtype))
-
-
-def _channel_absmax(x: jax.Array, axis: int) -> jax.Array:
-  """`_absmax(x, axis)` over one long, non-minor axis (FP8's per-channel scales reduce a kernel's K). On a CPU the max
-  is taken over groups of 16 along it first, then over those: the same value (a max of maxima; a non-finite group's
-  NaN stays NaN), but XLA:CPU reduced a [30, 576, 1536] stack over K in one go at a quarter of the rate (12.3
-  against 2.7 ms so). Elsewhere in one go: XLA:TPU did not fuse the grouped form's passes (a v5p target counted
-  18.6 against 10.0 bytes a weight for the FP8 fake quant of that stack). A minor axis (a token's activations) or
-  one not a multiple of 16 is reduced in one go everywhere."""
-  ax = axis % x.ndim
-  n = x.shape[ax]
-  whole = lambda x: _absmax(x, ax)
-  if ax == x.ndim - 1 or n % 16 or n <= 16:
-    return whole(x)
-
-  def two_stage(x):
-    blocks = _absmax(_groups(x, ax - x.ndim, 16), ax - x.ndim)  # [.., n/16, 1, ..]
-    return _absmax(jnp.squeeze(blocks, ax + 1), ax)
-
-  return lax.platform_dependent(x, cpu=two_stage, default=whole)
 
 
 def _magnitude_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -369,7 +371,7 @@ def _quantize_fp8(x, spec: FP8, axis, cast=True):
     s = _fp8_scale(_absmax(xb, (-3, -1)))
     codes = _fp8_codes(xb, s, cast).reshape(x.shape)
     return codes, s[..., 0, :, 0], None
-  s = _fp8_scale(_channel_absmax(x, axis))
+  s = _fp8_scale(_absmax(x, axis))
   return _fp8_codes(x, s, cast), s, None
 
 

@@ -92,14 +92,19 @@ def test_nvfp4_global_amax_from_the_blocks(axis):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
-@pytest.mark.parametrize("shape, axis", [((3, 64, 48), -2), ((64, 40), 0), ((3, 8, 16), -1), ((3, 24, 16), -2)])
-def test_channel_absmax_in_two_stages_is_the_absmax(shape, axis, dtype):
-  """`_channel_absmax` (groups of 16 first along a long non-minor axis; the minor axis and a length not a multiple of
-  16 in one go) against NumPy: the max magnitude, NaN for a channel holding a NaN or an Inf."""
-  x = _specials(np.float32, shape) if len(shape) == 3 else _specials(np.float32, (3, *shape))[1].copy()
+@pytest.mark.parametrize(
+  "shape, axis", [((3, 64, 48), -2), ((128, 40), 0), ((3, 2, 96, 16), -2), ((3, 8, 64), -1), ((3, 72, 16), -2)]
+)
+def test_absmax_of_a_long_axis_in_two_stages(shape, axis, dtype):
+  """`_absmax` over one long non-minor axis (on a CPU: groups of 16 first, then over those; the minor axis and a
+  length not a multiple of 16 in one go) against NumPy: the max magnitude, NaN for a channel holding a NaN or an
+  Inf."""
+  x = _specials(np.float32, (3, *shape[-2:]))
+  x = x[1].copy() if len(shape) == 2 else np.stack([x, -x], axis=1) if len(shape) == 4 else x
+  assert x.shape == shape
   x.reshape(-1)[:: max(x.size // 5, 1)] = np.nan  # a few more non-finite channels
   x = x.astype(dtype)
-  got = np.asarray(qa._channel_absmax(jnp.asarray(x), axis))
+  got = np.asarray(qa._absmax(jnp.asarray(x), axis))
   assert got.dtype == np.dtype(dtype)
   want = _float64_absmax(x, axis)
   np.testing.assert_array_equal(np.isnan(got.astype(np.float64)), np.isnan(want))
