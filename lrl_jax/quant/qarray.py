@@ -241,8 +241,12 @@ def _absmax(xg: jax.Array, axes) -> jax.Array:
 def _absmax_once(xg: jax.Array, axes) -> jax.Array:
   """`_absmax` as one reduction."""
   mag, inf = _magnitude_bits(xg)
-  m = jnp.max(mag, axis=axes, keepdims=True)
-  return jnp.where(m >= inf, jnp.array(jnp.nan, xg.dtype), lax.bitcast_convert_type(m, xg.dtype))
+  return _amax_of_bits(jnp.max(mag, axis=axes, keepdims=True), inf, xg.dtype)
+
+
+def _amax_of_bits(m: jax.Array, inf: jax.Array, dtype) -> jax.Array:
+  """A max over `_magnitude_bits` back to a float: the max |x|, NaN where it met a NaN or an Inf."""
+  return jnp.where(m >= inf, jnp.array(jnp.nan, dtype), lax.bitcast_convert_type(m, dtype))
 
 
 def _magnitude_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -405,12 +409,6 @@ def _dequantize_mxfp8(q: QArray):
   return _ungroup(cg * _scale_groups(q.scale, q.axis).astype(jnp.float32), q.axis)
 
 
-def _finite_absmax(x: jax.Array, axes) -> jax.Array:
-  """max |x| over `axes` among the finite elements (0 where there is none), as an integer max (`_magnitude_bits`)."""
-  mag, inf = _magnitude_bits(x)
-  return lax.bitcast_convert_type(jnp.max(jnp.where(mag < inf, mag, 0), axis=axes), x.dtype)
-
-
 def _block_amaxes(xg: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
   """(`_absmax(xg, axis)`, the max |x| over the finite elements of each group, 0 if none; both kept dims) from one
   variadic reduction: XLA reads the groups once for both. NVFP4 takes its per-matrix amax from the second: the max
@@ -426,19 +424,15 @@ def _block_amaxes(xg: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
     (ax,),
   )
   m, f = jnp.expand_dims(m, ax), jnp.expand_dims(f, ax)
-  amax = jnp.where(m >= inf, jnp.array(jnp.nan, xg.dtype), lax.bitcast_convert_type(m, xg.dtype))
-  return amax, lax.bitcast_convert_type(f, xg.dtype)
+  return _amax_of_bits(m, inf, xg.dtype), lax.bitcast_convert_type(f, xg.dtype)
 
 
-def _nvfp4_global(x, finite_block_amax=None):
+def _nvfp4_global(finite_block_amax):
   """(dec, enc) of each matrix from its amax over the last two axes (leading axes are a stack of matrices), over
-  finite elements only, so one NaN does not poison the whole matrix. finite_block_amax: x's blocks' finite amax in
-  the grouped layout (`_block_amaxes`), the max taken over them instead of over x (`_nvfp4_prepare`)."""
-  if finite_block_amax is None:
-    amax = _finite_absmax(x, tuple(range(max(x.ndim - 2, 0), x.ndim)))
-  else:
-    b = finite_block_amax
-    amax = jnp.max(b, axis=tuple(range(max(b.ndim - 3, 0), b.ndim)))  # finite, >= 0: a float max is exact
+  finite elements only, so one NaN does not poison the whole matrix: the max of its blocks' finite amaxes (the
+  second of `_block_amaxes`, in the grouped layout, one more axis than x)."""
+  b = finite_block_amax
+  amax = jnp.max(b, axis=tuple(range(max(b.ndim - 3, 0), b.ndim)))  # finite, >= 0: a float max is exact
   enc = (FP8_MAX * FP4_MAX) / amax
   enc = jnp.where(amax > 0, jnp.minimum(enc, _F32_MAX), 1.0)  # 1 when amax is 0; no Inf for tiny amax
   return 1.0 / enc, enc
@@ -466,7 +460,7 @@ def _nvfp4_prepare(x, axis, tile: bool = False):
   (`NVFP4WAG` weights)."""
   xg = _fenced_groups(x, axis, 16).astype(jnp.float32)
   amax, finite_amax = _block_amaxes(xg, axis)
-  dec, enc = _nvfp4_global(xg, finite_amax)
+  dec, enc = _nvfp4_global(finite_amax)
   dec_g, enc = _per_matrix(dec, xg.ndim), _per_matrix(enc, xg.ndim)
   if tile:
     amax = _tile_max(amax, axis)
@@ -504,11 +498,10 @@ def _e2m1_nibbles(r: jax.Array) -> jax.Array:
   `bitcast(r.astype(float4_e2m1fn), uint4)` on XLA:CPU (NaN: 8; a NaN only occurs where the block scale is NaN,
   so the block dequantizes to NaN whatever its codes), as arithmetic: the magnitudes 0, 0.5 .. 1.5, 2, 3, 4, 6 are
   codes 2|r| below 2, |r| + 2 below 4, |r| / 2 + 4 from 4; bit 3 is the sign."""
-  a = jnp.abs(r)
-  mag = jnp.where(a < 2, a * 2, jnp.where(a < 4, a + 2, a * 0.5 + 4))
-  sign = (lax.bitcast_convert_type(r.astype(jnp.float32), jnp.uint32) >> 28) & 8
-  code = sign.astype(jnp.uint8) | jnp.where(jnp.isnan(r), 0.0, mag).astype(jnp.uint8)
-  return jnp.where(jnp.isnan(r), jnp.uint8(8), code)
+  nan, a = jnp.isnan(r), jnp.abs(r)
+  mag = jnp.where(nan, 0.0, jnp.where(a < 2, a * 2, jnp.where(a < 4, a + 2, a * 0.5 + 4))).astype(jnp.uint8)
+  sign = ((lax.bitcast_convert_type(r.astype(jnp.float32), jnp.uint32) >> 28) & 8).astype(jnp.uint8)
+  return jnp.where(nan, jnp.uint8(8), sign | mag)
 
 
 def _round_e2m1(v: jax.Array) -> jax.Array:
@@ -643,9 +636,8 @@ def _fake_quant(x, spec, axis):
     w_b, dec = lax.optimization_barrier(nvfp4_operand(x, spec, axis=axis))
     return (w_b * _per_matrix(dec, x.ndim)).astype(x.dtype)
   if isinstance(spec, (FP8, MXFP8)):  # the codes' values left in float32 (`_fp8_codes`): no f8 convert, same numbers
-    ax = check_spec(spec, x.shape, x.dtype, axis)
-    codes, sc, _ = _QUANTIZE[type(spec)](x.astype(jnp.float32), spec, ax, cast=False)
-    q = lax.optimization_barrier(QArray(codes=codes, scale=sc, global_scale=None, spec=spec, axis=ax))
+    codes, sc, _ = _QUANTIZE[type(spec)](x.astype(jnp.float32), spec, axis, cast=False)
+    q = lax.optimization_barrier(QArray(codes=codes, scale=sc, global_scale=None, spec=spec, axis=axis))
     return dequantize(q, x.dtype)
   q = quantize(x, spec, axis=axis)
   q = lax.optimization_barrier(q)  # keep XLA from fusing quantize/dequantize into something else
@@ -667,8 +659,7 @@ def fake_quant(x: jax.Array, spec: Spec, *, axis: int = -1) -> jax.Array:
   """Forward: `dequantize(quantize(x, spec, axis=axis), x.dtype)`, bit for bit.
   Backward: straight-through (identity)."""
   x = jnp.asarray(x)
-  check_spec(spec, x.shape, x.dtype, axis)
-  return _fake_quant(x, spec, axis)
+  return _fake_quant(x, spec, check_spec(spec, x.shape, x.dtype, axis))  # the axis counted from the end
 
 
 # --------------------------------------------------------------------------- learned scales (LSQ / LSQ+)
