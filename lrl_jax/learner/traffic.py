@@ -12,9 +12,9 @@ except where an op reads or writes part of a buffer:
   - a dynamic update slice updates its buffer in place: it writes the update and does not read the buffer;
   - bitcasts, tuples, parameters, constants and control flow (while, call, conditional) move nothing themselves.
 These are XLA's own rules (HloCostAnalysis: `compiled.cost_analysis()["bytes accessed"]` of a program without loops
-or gathers is the sum of `op_bytes` and 8 bytes an element of its output tuple's table of pointers, which
-tests/learner/test_traffic.py checks), but for one: a gather reads the rows it gathers here, where XLA counts its
-whole operand (an embedding lookup reads B·T rows, not the table).
+or gathers is the sum of `op_bytes` and its output tuple's table of pointers, 8 bytes an element in the XLA of jax
+0.10 and 4 in 0.11's, which tests/learner/test_traffic.py checks), but for one: a gather reads the rows it gathers
+here, where XLA counts its whole operand (an embedding lookup reads B·T rows, not the table).
 Caches are not modelled: a result read back while it is still in cache counts again.
 """
 

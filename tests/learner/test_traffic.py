@@ -76,7 +76,17 @@ def test_sum_is_xla_count_without_loops_or_gathers(name):
   ops = traffic.op_bytes(c.as_text())
   leaves = len(jax.tree.leaves(jax.eval_shape(f, *args)))
   assert all(op.runs == 1 for op in ops.values())
-  assert sum(op.bytes for op in ops.values()) == _xla_bytes(c) - (8 * leaves if leaves > 1 else 0)
+  assert sum(op.bytes for op in ops.values()) == _xla_bytes(c) - (_table_bytes() * leaves if leaves > 1 else 0)
+
+
+def _table_bytes() -> float:
+  """What XLA counts for each element of a program's output tuple (its table of pointers): 8 bytes in the XLA of
+  jax 0.10, 4 in 0.11's. Measured on a program whose bytes are known by hand: two outputs of 10 x 10 f32, each one
+  input read and one result written (1600 bytes), so the rest of XLA's count is the two elements' table."""
+  a = jnp.ones((10, 10))
+  extra = _xla_bytes(_compiled(lambda x, y: (x * 2, y * 3), a, a)) - 4 * 400
+  assert extra in (8, 16), f"XLA counts {extra} bytes beyond the two outputs' traffic: not a table of 2 pointers"
+  return extra / 2
 
 
 def test_dots_are_marked():
