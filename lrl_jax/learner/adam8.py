@@ -21,21 +21,36 @@ stochastic 18%; m E4M3 stochastic with v in bfloat16 8% (the same as with v in f
 limit). On the quickstart, both moments in E4M3 ended the supervised warm-up at 30% (nearest) and 60% (stochastic)
 accuracy where float32 Adam reached 72% (seed 0). So m takes 1 + 4/block bytes and v 2, against 4 + 4: about 2.6x
 less optimizer state, not the 4x of a fully 8-bit state.
+
+The update's memory. Both roundings take their randomness from one 32-bit word per element (jax.random.bits: its low
+16 bits for m, its high 16 for v). A stacked leaf (rank >= 3: the decoder's per-layer tensors, [layers, ...], whose
+layers axis is never sharded) is updated whole layers at a time in a `lax.fori_loop` (at most `_SLICE` elements a
+slice): the update goes into its own carry, the codes, scales and v are overwritten in place, and the gradient is
+read (and clipped, with `clip`) slice by slice. Its bits are drawn per layer (fold_in of the leaf's key and the
+layer's index), so the numbers do not depend on how many layers a slice takes. The whole-leaf update it replaces
+wrote m in f32, the rounding bits (a uniform, and a randint that draws twice: 12 bytes an element) and XLA:CPU's
+threefry carries (it runs the rounds as a loop over full-size arrays) for every element at once, and the clipped
+gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72 tokens the 8-bit step peaked at 188 GiB against f32
+Adam's 142; now 114 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
+embedding and the LM head, whose first axis may be sharded) are updated whole.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 __all__ = ["scale_by_adam_8bit", "Adam8State", "block_size", "encode_moment", "decode_moment"]
 
 _E4M3_MAX = 448.0
 _FP8 = jnp.float8_e4m3fn
-_SR_SEED = 0x8B17  # the stochastic rounding's keys: fold_in(this, Adam's count, leaf): a resumed run draws alike
+_SR_SEED = 0x8B17  # rounding keys: fold_in(this, Adam's count, leaf[, layer]): a resumed run draws alike
+_SLICE = 1 << 22  # at most this many elements of a stacked leaf are updated at once (layers at a time; at least one)
 
 
 class Adam8State(NamedTuple):
@@ -56,16 +71,29 @@ def block_size(n: int, block: int) -> int:
   return 1
 
 
+def _as(x, dtype):
+  """x's bits as `dtype` (of the same width)."""
+  return lax.bitcast_convert_type(x, dtype)
+
+
+def _layers_per_slice(shape) -> int:
+  """Layers of a stacked leaf [layers, ...] that one slice of its update takes: the most that divide the layers and
+  stay within `_SLICE` elements (one layer where a layer alone is more)."""
+  per_layer = math.prod(shape[1:])
+  return max((n for n in range(1, shape[0] + 1) if shape[0] % n == 0 and n * per_layer <= _SLICE), default=1)
+
+
 def _blocks(x, block: int):
   last = x.shape[-1] if x.ndim else 1
   b = block_size(last, block)
   return x.reshape(x.shape[:-1] + (last // b, b)) if x.ndim else x.reshape(1, 1), b
 
 
-def _e4m3_stochastic(y, key):
+def _e4m3_stochastic(y, noise):
   """E4M3 codes of y (|y| <= 448) rounded stochastically: up to the next code above |y| with probability
-  (|y| − lo) / (hi − lo), else down, so that E[code] = y exactly (Gupta et al. 2015). Codes of one sign are ordered
-  like their bit patterns, so the neighbour of a code is its bits ± 1."""
+  (|y| − lo) / (hi − lo), else down (Gupta et al. 2015). The uniform is the low 16 bits of `noise` (uint32, shaped
+  like y) over 2^16, so the probability is rounded up to a multiple of 2^-16: E[code] = y to within 2^-16 of the gap
+  between the two codes. Codes of one sign are ordered like their bit patterns: a code's neighbour is its bits ± 1."""
   a = jnp.abs(y)
   near = a.astype(_FP8)  # round to nearest: one of the two neighbours
   bits = jax.lax.bitcast_convert_type(near, jnp.uint8)
@@ -75,20 +103,24 @@ def _e4m3_stochastic(y, key):
   below = step(jnp.where(bits > 0, bits - 1, 0))
   lo, hi = jnp.where(v <= a, v, below), jnp.where(v <= a, above, v)
   p_up = jnp.where(hi > lo, (a - lo) / jnp.where(hi > lo, hi - lo, 1.0), 0.0)
-  mag = jnp.where(jax.random.uniform(key, a.shape) < p_up, hi, lo)
+  uniform = (noise & jnp.uint32(0xFFFF)).astype(jnp.float32) * 2.0**-16  # exact: 16 bits
+  mag = jnp.where(uniform < p_up, hi, lo)
   return jnp.where(y < 0, -mag, mag).astype(_FP8)  # exact: mag is a code
 
 
-def encode_moment(x, block: int, key=None):
+def encode_moment(x, block: int, key=None, *, noise=None):
   """(e4m3 codes shaped like x, float32 scales [..., last / b]): blockwise absmax along the last axis; rounded to
-  nearest, or stochastically with `key` (unbiased: a moment that moves by less than half a code per step still moves
-  on average, where round-to-nearest would leave it stuck)."""
+  nearest, or stochastically with `key` or `noise` (uint32 bits shaped like x, of which the low 16 are used; `key`
+  draws them): unbiased to 2^-16 of a code's gap, so a moment that moves by less than half a code per step still
+  moves on average, where round-to-nearest would leave it stuck."""
   x = jnp.asarray(x, jnp.float32)
+  if key is not None and noise is None:
+    noise = jax.random.bits(key, x.shape, jnp.uint32)
   xb, _ = _blocks(x, block)
   s = jnp.max(jnp.abs(xb), axis=-1, keepdims=True) / _E4M3_MAX
   s = jnp.where(s > 0, s, 1.0)  # an all-zero block: any scale (its codes are 0)
   y = jnp.clip(xb / s, -_E4M3_MAX, _E4M3_MAX)  # clip first: a plain cast overflows to NaN
-  codes = y.astype(_FP8) if key is None else _e4m3_stochastic(y, key)
+  codes = y.astype(_FP8) if noise is None else _e4m3_stochastic(y, noise.reshape(y.shape))
   return codes.reshape(x.shape), s[..., 0].reshape(x.shape[:-1] + (-1,)) if x.ndim else s.reshape(())
 
 
@@ -99,11 +131,11 @@ def decode_moment(codes, scale, block: int):
   return (cb.astype(jnp.float32) * s).reshape(codes.shape)
 
 
-def _bf16_stochastic(x, key):
-  """bfloat16 of float32 x rounded stochastically: random low 16 bits added, then truncated (E = x, non-negative x)."""
+def _bf16_stochastic(x, noise):
+  """bfloat16 of float32 x rounded stochastically: the high 16 bits of `noise` (uint32, shaped like x) added to x's
+  low 16 bits, then truncated (E = x exactly, non-negative x)."""
   bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
-  noise = jax.random.randint(key, jnp.shape(x), 0, 1 << 16, dtype=jnp.uint32)
-  return jax.lax.bitcast_convert_type((bits + noise) & jnp.uint32(0xFFFF0000), jnp.float32).astype(jnp.bfloat16)
+  return jax.lax.bitcast_convert_type((bits + (noise >> 16)) & jnp.uint32(0xFFFF0000), jnp.float32).astype(jnp.bfloat16)
 
 
 def _tie(key, g):
@@ -128,7 +160,13 @@ def _tie(key, g):
 
 
 def scale_by_adam_8bit(
-  b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *, block: int = 256, nesterov: bool = False
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-8,
+  *,
+  block: int = 256,
+  nesterov: bool = False,
+  clip: float | None = None,
 ) -> optax.GradientTransformation:
   """Adam's scaling (`optax.scale_by_adam`'s recurrences, bias-corrected) with m in 8 bits and v in bfloat16.
 
@@ -136,12 +174,18 @@ def scale_by_adam_8bit(
     b1, b2, eps: Adam's β₁, β₂, ε.
     block: elements per scale of m (at most; the largest divisor of each parameter's last axis up to it).
     nesterov: NAdam's first-moment look-ahead (Dozat 2016), as `optax.scale_by_adam(nesterov=True)`.
+    clip: a global-norm clip of the gradient first (`optax.clip_by_global_norm(clip)`'s rule and operations, so the
+      same numbers), applied as each slice is read. Chained before this transform instead, the clip writes the
+      clipped gradient out whole, 4 more bytes a parameter beside the gradient: Qwen2.5-7B shapes at 16 x 72 peaked
+      at 136 GiB that way, 114 GiB with the clip here (`lrl-jax bench learner memory`).
   """
   if block < 1:
     raise ValueError(f"scale_by_adam_8bit: block must be >= 1; got {block}")
 
   def init_fn(params):
-    zeros_scale = lambda p: encode_moment(jnp.zeros(jnp.shape(p), jnp.float32), block)[1]  # noqa: E731
+    def zeros_scale(p):  # encode_moment's scales of m = 0: 1 (written directly: XLA folds the encode slowly)
+      return jnp.ones(jax.eval_shape(lambda x: encode_moment(x, block), p)[1].shape, jnp.float32)
+
     return Adam8State(
       count=jnp.zeros([], jnp.int32),
       m_codes=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), _FP8), params),
@@ -155,18 +199,46 @@ def scale_by_adam_8bit(
     t = count.astype(jnp.float32)
     step_key = jax.random.fold_in(jax.random.PRNGKey(_SR_SEED), count)
 
-    def one(i, g, mc, ms, v_prev):
+    def moments(g, mc, ms, v_prev, noise):
+      """(update, m codes, m scales, v) of one leaf or slice; noise: uint32 shaped like g (both roundings')."""
       g = jnp.asarray(g, jnp.float32)
-      k_m, k_v = jax.random.split(jax.random.fold_in(_tie(step_key, g), i))  # drawn once g exists (`_tie`)
       m = b1 * decode_moment(mc, ms, block) + (1.0 - b1) * g
       v = b2 * v_prev.astype(jnp.float32) + (1.0 - b2) * g * g
       m_hat = (b1 * m + (1.0 - b1) * g) / (1.0 - b1 ** (t + 1)) if nesterov else m / (1.0 - b1**t)
       v_hat = v / (1.0 - b2**t)
       u = m_hat / (jnp.sqrt(v_hat) + eps)
-      mc, ms = encode_moment(m, block, k_m)
-      return u, mc, ms, _bf16_stochastic(v, k_v)
+      mc, ms = encode_moment(m, block, noise=noise)
+      return u, mc, ms, _bf16_stochastic(v, noise)
+
+    def one(i, g, mc, ms, v):
+      g = jnp.asarray(g, jnp.float32)
+      if g.ndim < 3:  # whole: drawn once g exists (`_tie`)
+        key = jax.random.fold_in(_tie(step_key, g), i)
+        return moments(clipped(g), mc, ms, v, jax.random.bits(key, g.shape, jnp.uint32))
+      key, n = jax.random.fold_in(step_key, i), _layers_per_slice(g.shape)
+
+      def layer_bits(layer):
+        return jax.random.bits(jax.random.fold_in(key, layer), g.shape[1:], jnp.uint32)
+
+      def slice_(j, carry):  # layers [j n, (j + 1) n): the update into its own carry, the state in place
+        g_j = clipped(lax.dynamic_slice_in_dim(g, j * n, n))
+        mc_j, ms_j, v_j = [lax.dynamic_slice_in_dim(x, j * n, n) for x in carry[1:]]
+        bits = jax.vmap(layer_bits)(j * n + jnp.arange(n))
+        u, mc_j, ms_j, v_j = moments(g_j, _as(mc_j, _FP8), ms_j, v_j, bits)
+        out = (u, _as(mc_j, jnp.uint8), ms_j, v_j)
+        return tuple(lax.dynamic_update_slice_in_dim(x, y, j * n, 0) for x, y in zip(carry, out))
+
+      init = (jnp.zeros_like(g), _as(mc, jnp.uint8), ms, v)
+      u, mc, ms, v = lax.fori_loop(0, g.shape[0] // n, slice_, init)
+      return u, _as(mc, _FP8), ms, v
 
     flat_g, treedef = jax.tree_util.tree_flatten(updates)
+    if clip is None:
+      clipped = lambda t: t  # noqa: E731
+    else:  # optax.clip_by_global_norm's rule, the same operations, applied where a slice is read
+      g_norm = optax.tree.norm(updates)
+      trigger = jnp.squeeze(g_norm < clip)
+      clipped = lambda t: lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * clip)  # noqa: E731
     parts = [jax.tree_util.tree_leaves(x) for x in (state.m_codes, state.m_scale, state.v)]
     out = [one(i, g, *xs) for i, (g, *xs) in enumerate(zip(flat_g, *parts))]
     unflat = lambda i: jax.tree_util.tree_unflatten(treedef, [o[i] for o in out])  # noqa: E731

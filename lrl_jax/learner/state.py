@@ -128,12 +128,17 @@ def make_optimizer(cfg: LearnerConfig) -> optax.GradientTransformation:
   states `optax.tree_map_params` cannot shard.
   """
   critic_lr = cfg.critic and cfg.value.lr is not None
+  # 8-bit Adam clips inside, slice by slice (`scale_by_adam_8bit(clip=...)`: the same numbers, 4 bytes a parameter
+  # less at the update's peak); optax.identity keeps the chain's state (and so checkpoints) as with the clip here.
+  inner_clip = cfg.opt_state_dtype == "fp8" and not critic_lr and cfg.grad_clip is not None
   parts = []
   if cfg.grad_clip is not None:
-    parts.append(_clip_each(cfg.grad_clip) if critic_lr else optax.clip_by_global_norm(cfg.grad_clip))
+    clip = _clip_each(cfg.grad_clip) if critic_lr else optax.clip_by_global_norm(cfg.grad_clip)
+    parts.append(optax.identity() if inner_clip else clip)
   if cfg.opt_state_dtype == "fp8":  # both moments 8-bit (adam8.py), then AdamW's decay and learning rate
+    b = dict(block=cfg.opt_state_block, nesterov=cfg.nesterov, clip=cfg.grad_clip if inner_clip else None)
     parts += [
-      scale_by_adam_8bit(cfg.b1, cfg.b2, cfg.eps, block=cfg.opt_state_block, nesterov=cfg.nesterov),
+      scale_by_adam_8bit(cfg.b1, cfg.b2, cfg.eps, **b),
       optax.add_decayed_weights(cfg.weight_decay, _decay_mask),
       optax.scale_by_learning_rate(make_schedule(cfg)),
     ]
