@@ -31,7 +31,7 @@ layer's index), so the numbers do not depend on how many layers a slice takes. T
 wrote m in f32, the rounding bits (a uniform, and a randint that draws twice: 12 bytes an element) and XLA:CPU's
 threefry carries (it runs the rounds as a loop over full-size arrays) for every element at once, and the clipped
 gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72 tokens the 8-bit step peaked at 188 GiB against f32
-Adam's 142; now 114 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
+Adam's 142; now 120 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
 embedding and the LM head, whose first axis may be sharded) are updated whole.
 """
 
@@ -176,8 +176,8 @@ def scale_by_adam_8bit(
     nesterov: NAdam's first-moment look-ahead (Dozat 2016), as `optax.scale_by_adam(nesterov=True)`.
     clip: a global-norm clip of the gradient first (`optax.clip_by_global_norm(clip)`'s rule and operations, so the
       same numbers), applied as each slice is read. Chained before this transform instead, the clip writes the
-      clipped gradient out whole, 4 more bytes a parameter beside the gradient: Qwen2.5-7B shapes at 16 x 72 peaked
-      at 136 GiB that way, 114 GiB with the clip here (`lrl-jax bench learner memory`).
+      clipped gradient out whole, 4 more bytes a parameter beside the gradient (22 GiB more at Qwen2.5-7B shapes,
+      16 x 72: `lrl-jax bench learner memory`).
   """
   if block < 1:
     raise ValueError(f"scale_by_adam_8bit: block must be >= 1; got {block}")
