@@ -32,11 +32,14 @@ wrote m in f32, the rounding bits (a uniform, and a randint that draws twice: 12
 threefry carries (it runs the rounds as a loop over full-size arrays) for every element at once, and the clipped
 gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72 tokens the 8-bit step peaked at 188 GiB against f32
 Adam's 142; now 120 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
-embedding and the LM head, whose first axis may be sharded) are updated whole.
+embedding and the LM head, whose first axis may be sharded) are updated whole. The bits come from `_bits` (jax's
+Threefry without the CPU's rolled loop) and the codes are read back by integer arithmetic (`qarray._e4m3_value`):
+the same numbers as jax.random.bits and an f8 convert, in half the CPU time.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -44,6 +47,16 @@ import jax
 import jax.numpy as jnp
 import optax
 from jax import lax
+
+from lrl_jax.quant.qarray import _e4m3_value
+
+try:  # jax's Threefry-2x32 rounds as a traceable function, and its counters (private: `_bits`)
+  from jax._src.random import prng as _prng
+  from jax._src.random import threefry2x32 as _threefry2x32
+
+  _THREEFRY = (_prng.iota_2x32_shape, _threefry2x32._threefry2x32_lowering)
+except (ImportError, AttributeError):  # pragma: no cover
+  _THREEFRY = None
 
 __all__ = ["scale_by_adam_8bit", "Adam8State", "block_size", "encode_moment", "decode_moment"]
 
@@ -128,7 +141,7 @@ def decode_moment(codes, scale, block: int):
   """float32 values of `encode_moment`'s output."""
   cb, _ = _blocks(codes, block)
   s = scale.reshape(cb.shape[:-1] + (1,))
-  return (cb.astype(jnp.float32) * s).reshape(codes.shape)
+  return (_e4m3_value(cb) * s).reshape(codes.shape)  # not .astype: XLA:CPU's f8 convert is a software routine
 
 
 def _bf16_stochastic(x, noise):
@@ -136,6 +149,24 @@ def _bf16_stochastic(x, noise):
   low 16 bits, then truncated (E = x exactly, non-negative x)."""
   bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.uint32)
   return jax.lax.bitcast_convert_type((bits + (noise >> 16)) & jnp.uint32(0xFFFF0000), jnp.float32).astype(jnp.bfloat16)
+
+
+@functools.partial(jax.jit, static_argnums=1)  # one call in a jaxpr: tests find the draws by name
+def _bits(key, shape):
+  """uint32 bits shaped `shape` from a threefry2x32 key: `jax.random.bits(key, shape, jnp.uint32)`, bit for bit
+  (jax_threefry_partitionable, jax's default: each element hashes its own index), with Threefry's 20 rounds written
+  out as straight-line code on every backend. jax lowers them so on accelerators, but on the CPU as a loop over
+  full-size arrays (to compile faster), which took 60% of the 8-bit update there (SmolLM2's tree: 2.54 s, 0.99 s
+  with the bits set to 0); straight-line, XLA:CPU fuses them into their consumer (the update 2.55 -> 1.37 s, the
+  16 x 72 train step 4.14 -> 3.37 s: `lrl_jax/learner/README.md`). Through jax's own private lowering function
+  (`tests/learner/test_adam8.py` checks the bits against jax.random.bits and that the CPU program has no loop);
+  where a jax release has moved it, jax.random.bits itself."""
+  if _THREEFRY is None:  # pragma: no cover
+    return jax.random.bits(key, shape, jnp.uint32)
+  iota, rounds = _THREEFRY
+  k1, k2 = jax.random.key_data(key)
+  b1, b2 = rounds(k1, k2, *iota(shape), use_rolled_loops=False)
+  return b1 ^ b2
 
 
 def _tie(key, g):
@@ -197,7 +228,7 @@ def scale_by_adam_8bit(
     del params
     count = optax.safe_increment(state.count)
     t = count.astype(jnp.float32)
-    step_key = jax.random.fold_in(jax.random.PRNGKey(_SR_SEED), count)
+    step_key = jax.random.fold_in(jax.random.key(_SR_SEED, impl="threefry2x32"), count)
 
     def moments(g, mc, ms, v_prev, noise):
       """(update, m codes, m scales, v) of one leaf or slice; noise: uint32 shaped like g (both roundings')."""
@@ -214,11 +245,11 @@ def scale_by_adam_8bit(
       g = jnp.asarray(g, jnp.float32)
       if g.ndim < 3:  # whole: drawn once g exists (`_tie`)
         key = jax.random.fold_in(_tie(step_key, g), i)
-        return moments(clipped(g), mc, ms, v, jax.random.bits(key, g.shape, jnp.uint32))
+        return moments(clipped(g), mc, ms, v, _bits(key, g.shape))
       key, n = jax.random.fold_in(step_key, i), _layers_per_slice(g.shape)
 
       def layer_bits(layer):
-        return jax.random.bits(jax.random.fold_in(key, layer), g.shape[1:], jnp.uint32)
+        return _bits(jax.random.fold_in(key, layer), g.shape[1:])
 
       def slice_(j, carry):  # layers [j n, (j + 1) n): the update into its own carry, the state in place
         g_j = clipped(lax.dynamic_slice_in_dim(g, j * n, n))

@@ -493,6 +493,18 @@ def _e4m3_bits(r: jax.Array) -> jax.Array:
   return lax.bitcast_convert_type(((b >> 24) & 0x80 | mag).astype(jnp.uint8), jnp.float8_e4m3fn)
 
 
+def _e4m3_value(codes: jax.Array) -> jax.Array:
+  """float8_e4m3fn codes (or their bits as uint8) -> float32, bit for bit as `codes.astype(float32)` (0x7F / 0xFF:
+  NaN of that sign), built with integer arithmetic: `_e4m3_bits` backwards. A normal code's f32 exponent field is its
+  own plus 120 and its 3 mantissa bits are f32's top 3; a subnormal code is its mantissa times 2^-9."""
+  c = codes if codes.dtype == jnp.uint8 else lax.bitcast_convert_type(codes, jnp.uint8)
+  c = c.astype(jnp.uint32)
+  e, m, sign = (c >> 3) & 0xF, c & 7, (c & 0x80) << 24
+  normal = lax.bitcast_convert_type(sign | ((e + 120) << 23) | (m << 20), jnp.float32)
+  subnormal = jnp.where(sign > 0, -1.0, 1.0) * m.astype(jnp.float32) * 2.0**-9  # exact: 0 .. 7 times 2^-9, signed
+  return jnp.where((c & 0x7F) == 0x7F, jnp.where(sign > 0, -jnp.nan, jnp.nan), jnp.where(e > 0, normal, subnormal))
+
+
 def _e2m1_nibbles(r: jax.Array) -> jax.Array:
   """float32 r holding float4_e2m1fn values (or NaN) -> their 4-bit codes as uint8, bit for bit as
   `bitcast(r.astype(float4_e2m1fn), uint4)` on XLA:CPU (NaN: 8; a NaN only occurs where the block scale is NaN,

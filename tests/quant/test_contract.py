@@ -363,10 +363,14 @@ def test_code_bits_equal_the_casts():
   """`quantize` stores FP8 / MXFP8 codes and NVFP4's block scales through `qarray._e4m3_bits` and NVFP4's values
   through `_e2m1_nibbles` (integer arithmetic) instead of XLA's f8 / f4 converts: the same bits as ml_dtypes' casts
   at every value of each format, both signed zeros, and NaN of either sign (e4m3: 0x7F / 0xFF; e2m1 has no NaN,
-  and XLA:CPU's convert gives code 8)."""
+  and XLA:CPU's convert gives code 8). `_e4m3_value` takes every e4m3 code (as uint8 or as e4m3) back to ml_dtypes'
+  float32 of it, bit for bit."""
   e4 = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)  # every code, 2 NaNs
   got = np.asarray(jax.jit(quant.qarray._e4m3_bits)(jnp.asarray(e4))).view(np.uint8)
   np.testing.assert_array_equal(got, np.arange(256, dtype=np.uint8))
+  for codes in (np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)):
+    back = np.asarray(jax.jit(quant.qarray._e4m3_value)(jnp.asarray(codes)))  # the inverse (adam8's decode)
+    np.testing.assert_array_equal(back.view(np.uint32), e4.view(np.uint32))  # -0 and NaN's sign included
   e2 = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
   got = np.asarray(jax.jit(quant.qarray._e2m1_nibbles)(jnp.asarray(e2)))
   np.testing.assert_array_equal(got, np.arange(16, dtype=np.uint8))
