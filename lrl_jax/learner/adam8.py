@@ -156,11 +156,10 @@ def _bits(key, shape):
   """uint32 bits shaped `shape` from a threefry2x32 key: `jax.random.bits(key, shape, jnp.uint32)`, bit for bit
   (jax_threefry_partitionable, jax's default: each element hashes its own index), with Threefry's 20 rounds written
   out as straight-line code on every backend. jax lowers them so on accelerators, but on the CPU as a loop over
-  full-size arrays (to compile faster), which took 60% of the 8-bit update there (SmolLM2's tree: 2.54 s, 0.99 s
-  with the bits set to 0); straight-line, XLA:CPU fuses them into their consumer (the update 2.55 -> 1.37 s, the
-  16 x 72 train step 4.14 -> 3.37 s: `lrl_jax/learner/README.md`). Through jax's own private lowering function
-  (`tests/learner/test_adam8.py` checks the bits against jax.random.bits and that the CPU program has no loop);
-  where a jax release has moved it, jax.random.bits itself."""
+  full-size arrays (to compile faster); straight-line, XLA:CPU fuses them into their consumers (SmolLM2's tree, the
+  update alone in one run: 2.85 -> 1.60 s, and 1.49 s with `_e4m3_value` too; `lrl_jax/learner/README.md`).
+  Through jax's own private lowering function (`tests/learner/test_adam8.py` checks the bits against
+  jax.random.bits and that the CPU program has no loop); where a jax release has moved it, jax.random.bits itself."""
   if _THREEFRY is None:  # pragma: no cover
     return jax.random.bits(key, shape, jnp.uint32)
   iota, rounds = _THREEFRY
