@@ -25,13 +25,13 @@ less optimizer state, not the 4x of a fully 8-bit state.
 The update's memory. Both roundings take their randomness from one 32-bit word per element (jax.random.bits: its low
 16 bits for m, its high 16 for v). A stacked leaf (rank >= 3: the decoder's per-layer tensors, [layers, ...], whose
 layers axis is never sharded) is updated whole layers at a time in a `lax.fori_loop` (at most `_SLICE` elements a
-slice): the update goes into its own carry, the codes, scales and v are overwritten in place, and the gradient is
-read (and clipped, with `clip`) slice by slice. Its bits are drawn per layer (fold_in of the leaf's key and the
+slice): the update goes into its own carry, the codes, scales and v are overwritten in place (on the CPU after the
+slice's new values are computed, `_apart`), and the gradient is read (and clipped, with `clip`) slice by slice. Its bits are drawn per layer (fold_in of the leaf's key and the
 layer's index), so the numbers do not depend on how many layers a slice takes. The whole-leaf update it replaces
 wrote m in f32, the rounding bits (a uniform, and a randint that draws twice: 12 bytes an element) and XLA:CPU's
 threefry carries (it runs the rounds as a loop over full-size arrays) for every element at once, and the clipped
 gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72 tokens the 8-bit step peaked at 188 GiB against f32
-Adam's 142; now 120 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
+Adam's 142; now 117 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
 embedding and the LM head, whose first axis may be sharded) are updated whole. The bits come from `_bits` (jax's
 Threefry without the CPU's rolled loop) and the codes are read back by integer arithmetic (`qarray._e4m3_value`):
 the same numbers as jax.random.bits and an f8 convert, in half the CPU time.
@@ -189,6 +189,27 @@ def _tie(key, g):
   return jax.lax.platform_dependent(key, g, cpu=tied, default=lambda k, g: k)
 
 
+def _apart(f, *args, live):
+  """f(*args); on the CPU computed apart from what its results are written into: inside a conditional on `live`, a
+  predicate that is always true but not known to the compiler (its other branch gives zeros).
+
+  A slice's new state is written into the whole leaf's buffers in place (dynamic update slices), and the update reads
+  the old slice of the same buffers. XLA:CPU fused the computation into each write, left the order of the reads and
+  the writes open, and so copied the whole leaf's codes, scales and v in every slice: a [30, 576, 1536] leaf in 10
+  slices moved 5.7 GB an update, 2.1 GB of it copies (`traffic.op_bytes`). XLA does not fuse across a conditional:
+  its results are slice-sized buffers, computed from the old slices before any write (2.7 GB, no copies). At
+  Qwen2.5-7B shapes, 16 x 72, the 8-bit step's peak went from 119.54 to 117.24 GiB (`lrl_jax/learner/README.md`).
+  Other backends keep the fused writes (`lax.platform_dependent`: the compiler sees one branch): the TPU v5p target's
+  update compiles to the same instructions as before, where the conditional would write and read each slice's
+  results once more."""
+
+  def cpu(*a):
+    zeros = lambda *a: jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(f, *a))  # noqa: E731
+    return lax.cond(live, f, zeros, *a)
+
+  return lax.platform_dependent(*args, cpu=cpu, default=f)
+
+
 def scale_by_adam_8bit(
   b1: float = 0.9,
   b2: float = 0.999,
@@ -250,12 +271,14 @@ def scale_by_adam_8bit(
       def layer_bits(layer):
         return _bits(jax.random.fold_in(key, layer), g.shape[1:])
 
+      def new_slice(g_j, mc_j, ms_j, v_j, layers):  # (update, m codes as uint8, m scales, v) of those layers
+        u, mc_j, ms_j, v_j = moments(g_j, _as(mc_j, _FP8), ms_j, v_j, jax.vmap(layer_bits)(layers))
+        return u, _as(mc_j, jnp.uint8), ms_j, v_j
+
       def slice_(j, carry):  # layers [j n, (j + 1) n): the update into its own carry, the state in place
         g_j = clipped(lax.dynamic_slice_in_dim(g, j * n, n))
         mc_j, ms_j, v_j = [lax.dynamic_slice_in_dim(x, j * n, n) for x in carry[1:]]
-        bits = jax.vmap(layer_bits)(j * n + jnp.arange(n))
-        u, mc_j, ms_j, v_j = moments(g_j, _as(mc_j, _FP8), ms_j, v_j, bits)
-        out = (u, _as(mc_j, jnp.uint8), ms_j, v_j)
+        out = _apart(new_slice, g_j, mc_j, ms_j, v_j, j * n + jnp.arange(n), live=count > 0)
         return tuple(lax.dynamic_update_slice_in_dim(x, y, j * n, 0) for x, y in zip(carry, out))
 
       init = (jnp.zeros_like(g), _as(mc, jnp.uint8), ms, v)
