@@ -26,12 +26,13 @@ The update's memory. Both roundings take their randomness from one 32-bit word p
 16 bits for m, its high 16 for v). A stacked leaf (rank >= 3: the decoder's per-layer tensors, [layers, ...], whose
 layers axis is never sharded) is updated whole layers at a time in a `lax.fori_loop` (at most `_SLICE` elements a
 slice): the update goes into its own carry, the codes, scales and v are overwritten in place (on the CPU after the
-slice's new values are computed, `_apart`), and the gradient is read (and clipped, with `clip`) slice by slice. Its bits are drawn per layer (fold_in of the leaf's key and the
-layer's index), so the numbers do not depend on how many layers a slice takes. The whole-leaf update it replaces
-wrote m in f32, the rounding bits (a uniform, and a randint that draws twice: 12 bytes an element) and XLA:CPU's
-threefry carries (it runs the rounds as a loop over full-size arrays) for every element at once, and the clipped
-gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72 tokens the 8-bit step peaked at 188 GiB against f32
-Adam's 142; now 117 (`lrl_jax/learner/README.md`, "Memory of a GRPO step"). Rank 1 and 2 leaves (norms, biases, the
+slice's new values are computed, `_apart`), and the gradient is read (and clipped, with `clip`) slice by slice. Its
+bits are drawn per layer (fold_in of the leaf's key and the layer's index), so the numbers do not depend on how many
+layers a slice takes. The whole-leaf update it replaces wrote m in f32, the rounding bits (a uniform, and a randint
+that draws twice: 12 bytes an element) and XLA:CPU's threefry carries (it runs the rounds as a loop over full-size
+arrays) for every element at once, and the clipped gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72
+tokens the 8-bit step peaked at 188 GiB against f32 Adam's 142; now 117 (`lrl_jax/learner/README.md`, "Memory of a
+GRPO step"). Rank 1 and 2 leaves (norms, biases, the
 embedding and the LM head, whose first axis may be sharded) are updated whole. The bits come from `_bits` (jax's
 Threefry without the CPU's rolled loop) and the codes are read back by integer arithmetic (`qarray._e4m3_value`):
 the same numbers as jax.random.bits and an f8 convert, in half the CPU time.
