@@ -82,6 +82,25 @@ def test_restore_latest_empty_and_bad_step(tmp_path):
     L.Checkpointer(tmp_path, save_every=0)
 
 
+def test_a_changed_integer_dtype_is_refused(tmp_path):
+  """Restoring into a state whose leaf has another non-float dtype than the checkpoint's fails, naming the leaf and
+  both dtypes: orbax would cast the values (uint8 codes from fp8, counters from other integers) without a word."""
+  import jax.numpy as jnp
+
+  mc, cfg = tiny_cfg(), L.LearnerConfig(lr=1e-3)
+  st = L.create_train_state(jax.random.PRNGKey(0), mc, cfg)
+  ck = L.Checkpointer(tmp_path / "ck", save_every=1)
+  ck.save(st)
+  ck.wait()
+  other = L.abstract_state(st)
+  other = other.replace(skipped=jax.ShapeDtypeStruct((), jnp.uint32, sharding=other.skipped.sharding))
+  with pytest.raises(L.CheckpointError, match=r"\.skipped \(\) was saved as int32 and the state holds uint32"):
+    ck.restore(0, other)
+  back = ck.restore(0, st)  # the same dtypes restore
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: a.dtype == b.dtype, st, back))
+  ck.close()
+
+
 def test_sigkill_during_save_resumes_from_last_complete(tmp_path):
   directory = str(tmp_path / "ckpt")
   child = os.path.join(os.path.dirname(__file__), "_ckpt_child.py")
