@@ -31,7 +31,7 @@ bits are drawn per layer (fold_in of the leaf's key and the layer's index), so t
 layers a slice takes. The whole-leaf update it replaces wrote m in f32, the rounding bits (a uniform, and a randint
 that draws twice: 12 bytes an element) and XLA:CPU's threefry carries (it runs the rounds as a loop over full-size
 arrays) for every element at once, and the clipped gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72
-tokens the 8-bit step peaked at 188 GiB against f32 Adam's 142; now 111 (`lrl_jax/learner/README.md`, "Memory of a
+tokens the 8-bit step peaked at 188 GiB against f32 Adam's 142; now 117 (`lrl_jax/learner/README.md`, "Memory of a
 GRPO step"). Rank 1 and 2 leaves (norms, biases, the
 embedding and the LM head, whose first axis may be sharded) are updated whole. The bits come from `_bits` (jax's
 Threefry without the CPU's rolled loop) and the codes are read back by integer arithmetic (`qarray._e4m3_value`):
@@ -68,13 +68,8 @@ _SLICE = 1 << 22  # at most this many elements of a stacked leaf are updated at 
 
 
 class Adam8State(NamedTuple):
-  """count: int32 []; m_codes: uint8 trees shaped like the params, m's E4M3 codes as their bit patterns
-  (`decode_moment` reads them); m_scale: float32 trees [..., last / block]; v: bfloat16 trees shaped like the params.
-
-  The codes are kept as uint8 because XLA:CPU slices and updates an fp8 array through a convert of the whole array,
-  and a bitcast between the two is a copy there: an fp8 state took one more byte a parameter at the update's peak
-  (Qwen2.5-7B shapes, 16 x 72: 117.24 GiB against 111.17 now). Checkpoints written with fp8 codes restore bit for
-  bit (`Checkpointer` reads the saved dtypes and bitcasts them)."""
+  """count: int32 []; m_codes: e4m3 trees shaped like the params; m_scale: float32 trees [..., last / block];
+  v: bfloat16 trees shaped like the params."""
 
   count: jax.Array
   m_codes: optax.Updates
@@ -245,7 +240,7 @@ def scale_by_adam_8bit(
 
     return Adam8State(
       count=jnp.zeros([], jnp.int32),
-      m_codes=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.uint8), params),
+      m_codes=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), _FP8), params),
       m_scale=jax.tree_util.tree_map(zeros_scale, params),
       v=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.bfloat16), params),
     )
@@ -265,7 +260,7 @@ def scale_by_adam_8bit(
       v_hat = v / (1.0 - b2**t)
       u = m_hat / (jnp.sqrt(v_hat) + eps)
       mc, ms = encode_moment(m, block, noise=noise)
-      return u, _as(mc, jnp.uint8), ms, _bf16_stochastic(v, noise)
+      return u, mc, ms, _bf16_stochastic(v, noise)
 
     def one(i, g, mc, ms, v):
       g = jnp.asarray(g, jnp.float32)
@@ -277,8 +272,9 @@ def scale_by_adam_8bit(
       def layer_bits(layer):
         return _bits(jax.random.fold_in(key, layer), g.shape[1:])
 
-      def new_slice(g_j, mc_j, ms_j, v_j, layers):  # (update, m codes, m scales, v) of those layers
-        return moments(g_j, mc_j, ms_j, v_j, jax.vmap(layer_bits)(layers))
+      def new_slice(g_j, mc_j, ms_j, v_j, layers):  # (update, m codes as uint8, m scales, v) of those layers
+        u, mc_j, ms_j, v_j = moments(g_j, _as(mc_j, _FP8), ms_j, v_j, jax.vmap(layer_bits)(layers))
+        return u, _as(mc_j, jnp.uint8), ms_j, v_j
 
       def slice_(j, carry):  # layers [j n, (j + 1) n): the update into its own carry, the state in place
         g_j = clipped(lax.dynamic_slice_in_dim(g, j * n, n))
@@ -286,7 +282,9 @@ def scale_by_adam_8bit(
         out = _apart(new_slice, g_j, mc_j, ms_j, v_j, j * n + jnp.arange(n), live=count > 0)
         return tuple(lax.dynamic_update_slice_in_dim(x, y, j * n, 0) for x, y in zip(carry, out))
 
-      return lax.fori_loop(0, g.shape[0] // n, slice_, (jnp.zeros_like(g), mc, ms, v))
+      init = (jnp.zeros_like(g), _as(mc, jnp.uint8), ms, v)
+      u, mc, ms, v = lax.fori_loop(0, g.shape[0] // n, slice_, init)
+      return u, _as(mc, _FP8), ms, v
 
     flat_g, treedef = jax.tree_util.tree_flatten(updates)
     if clip is None:

@@ -16,8 +16,8 @@ keys as the uninterrupted run did, and computes the same numbers.
 
 Saved leaves: every array of the state, including a frozen base (LoRA mode). Keys are
 stored as raw uint32 data (TrainState.rng), which orbax writes like any array. Dtypes: orbax casts an array's values
-into the restore target's dtype; `_as_saved` reads the saved dtypes first and allows only a float to another float
-(a cast) and E4M3 codes into uint8 (a bitcast: 8-bit Adam's m before it was kept as uint8).
+into the restore target's dtype; `_check_dtypes` reads the saved dtypes first and allows only a float to another float
+(the values kept, to the target's precision).
 
 Integrity: orbax does not notice a file truncated by a few bytes, so each complete checkpoint also gets
 `lrl_checksums.json` (every file's size and CRC-32) once it is on disk; `restore_latest` verifies the newest
@@ -82,13 +82,6 @@ def _names(path) -> tuple[str, ...]:
 
 def _is_float(dtype) -> bool:
   return jnp.issubdtype(dtype, jnp.floating)
-
-
-def _bitcast_u8(x):
-  """E4M3 codes as their uint8 bit patterns (a host or a device array)."""
-  if isinstance(x, np.ndarray):
-    return x.view(np.uint8)
-  return jax.jit(lambda a: jax.lax.bitcast_convert_type(a, jnp.uint8))(x)
 
 
 def abstract_state(state_or_shapes, shardings=None):
@@ -249,43 +242,33 @@ class Checkpointer:
     return self._restore(step, abstract_state(target))
 
   def _restore(self, step: int, tgt):
-    tgt, codes = self._as_saved(step, tgt)
+    self._check_dtypes(step, tgt)
     if not self._host:
-      got = self._mngr.restore(step, args=ocp.args.StandardRestore(tgt))
-    else:
-      host = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), tgt)
-      got = self._mngr.restore(step, args=ocp.args.StandardRestore(host))
-      got = jax.tree_util.tree_map(lambda x, t: jax.device_put(x, t.sharding), got, tgt)
-    leaves, treedef = jax.tree_util.tree_flatten(got)
-    return treedef.unflatten([_bitcast_u8(x) if c else x for x, c in zip(leaves, codes)])
+      return self._mngr.restore(step, args=ocp.args.StandardRestore(tgt))
+    host = jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), tgt)
+    got = self._mngr.restore(step, args=ocp.args.StandardRestore(host))
+    return jax.tree_util.tree_map(lambda x, t: jax.device_put(x, t.sharding), got, tgt)
 
-  def _as_saved(self, step: int, tgt):
-    """(`tgt` with fp8 codes where the checkpoint holds them and the state uint8 codes, which leaves those are).
+  def _check_dtypes(self, step: int, tgt) -> None:
+    """Refuses a restore that would change a leaf's dtype other than from one float to another.
 
-    orbax restores an array into the target's dtype by casting its values: fp8 codes read into uint8 come back as
-    numbers, not bits (0.5 -> 0, 448 -> 192). So the saved dtypes are read first. E4M3 codes meeting uint8 (8-bit
-    Adam's m from before `Adam8State` kept them as uint8) are read as E4M3 and bitcast; a float meeting another
-    float is cast (the values kept, to the target's precision); any other change of dtype is refused, naming the leaf.
+    orbax restores an array into the target's dtype by casting its values: E4M3 codes read into a uint8 target came
+    back as numbers, not bits (0.5 -> 0, -2 -> 254, 448 -> 192; orbax 0.12.8), integers into other integers wrap. So
+    the saved dtypes are read first (`item_metadata`). A float meeting another float is cast (the values kept, to
+    the target's precision); any other change is refused, naming the leaf.
     """
-    leaves = jax.tree_util.tree_flatten_with_path(tgt)[0]
     meta = self._mngr.item_metadata(step)
     saved_tree = getattr(meta, "tree", meta)
     if saved_tree is None:  # pragma: no cover  (orbax without the handler's metadata: nothing to compare)
-      return tgt, [False] * len(leaves)
+      return
     saved = {_names(p): getattr(m, "dtype", None) for p, m in jax.tree_util.tree_flatten_with_path(saved_tree)[0]}
-    out, codes = [], []
-    for path, t in leaves:
+    for path, t in jax.tree_util.tree_flatten_with_path(tgt)[0]:
       s, want = saved.get(_names(path)), np.dtype(t.dtype)
-      s = None if s is None else np.dtype(s)
-      bitcast = s == np.dtype(jnp.float8_e4m3fn) and want == np.dtype(np.uint8)
-      if s is not None and s != want and not bitcast and not (_is_float(s) and _is_float(want)):
+      if s is not None and np.dtype(s) != want and not (_is_float(s) and _is_float(want)):
         raise CheckpointError(
-          f"checkpoint {self.directory}/{step}: {jax.tree_util.keystr(path)} {tuple(t.shape)} was saved as {s} and the"
-          f" state holds {want}; restoring would cast its values"
+          f"checkpoint {self.directory}/{step}: {jax.tree_util.keystr(path)} {tuple(t.shape)} was saved as"
+          f" {np.dtype(s)} and the state holds {want}; restoring would cast its values"
         )
-      out.append(jax.ShapeDtypeStruct(t.shape, s, sharding=t.sharding) if bitcast else t)
-      codes.append(bitcast)
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(tgt), out), codes
 
   def restore_latest(self, target: Any, shardings=None) -> TrainState | None:
     """The newest complete checkpoint restored into `target`'s structure, or None if there is none.

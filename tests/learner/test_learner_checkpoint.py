@@ -84,7 +84,7 @@ def test_restore_latest_empty_and_bad_step(tmp_path):
 
 def test_a_changed_integer_dtype_is_refused(tmp_path):
   """Restoring into a state whose leaf has another non-float dtype than the checkpoint's fails, naming the leaf and
-  both dtypes: orbax would cast the values (uint8 codes from fp8, counters from other integers) without a word."""
+  both dtypes: orbax would cast the values (fp8 codes into uint8 as numbers, integers wrapped) without a word."""
   import jax.numpy as jnp
 
   mc, cfg = tiny_cfg(), L.LearnerConfig(lr=1e-3)
