@@ -73,6 +73,15 @@ def pytest_runtest_makereport(item, call):
     report.longrepr = f"ahead-of-time compile test skipped under LRL_JAX_REQUIRE_AOT=1: {report.longrepr}"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _free_executables():
+  """jax's compiled programs are dropped after each test module (`jax.clear_caches`). Each XLA:CPU executable holds
+  three memory mappings of its code; a worker that kept every program it compiled passed the kernel's limit of
+  65530 mappings (vm.max_map_count) late in the suite, and the next compile died of a segmentation fault."""
+  yield
+  jax.clear_caches()
+
+
 def pytest_collection_modifyitems(config, items):
   """The notebooks first: they are the longest tests (20-45 s each under -n 2), and collected last they left
   one xdist worker idle while the other finished them."""
