@@ -138,12 +138,19 @@ def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
   assert np.all(np.abs(np.asarray(enc).mean(0) - x64[0]) <= 6 * width[0] / 2 / np.sqrt(4096))
 
 
-def test_stochastic_rounding_is_the_rule_bit_for_bit():
-  """`_e4m3_stochastic` against the rule in float64 NumPy, code for code: lo and hi the
-  E4M3 neighbours of |y| (ml_dtypes' grid), up iff the low 16 bits of the noise over 2^16 are below
-  (|y| − lo) / (hi − lo) (exact in float64: the gap is a power of two), at every code, midway between codes, one f32
-  ulp either side of each, and 2 x 20000 random values over 26 binades, both signs."""
+@pytest.mark.parametrize("arithmetic", [False, True], ids=["cast", "arithmetic"])
+def test_stochastic_rounding_is_the_rule_bit_for_bit(arithmetic):
+  """`_e4m3_stochastic` (f8 converts) and `_e4m3_stochastic_bits` (arithmetic, uint8 bit patterns: the stacked
+  leaves' loop) against the rule in float64 NumPy, code for code: lo and hi the E4M3 neighbours of |y| (ml_dtypes'
+  grid), up iff the low 16 bits of the noise over 2^16 are below (|y| − lo) / (hi − lo) (exact in float64: the gap
+  is a power of two), at every code, midway between codes, one f32 ulp either side of each, and 2 x 20000 random
+  values over 26 binades, both signs; a NaN gets the same code from both."""
   from lrl_jax.learner import adam8
+
+  if arithmetic:
+    rounding = lambda y, n: jax.lax.bitcast_convert_type(adam8._e4m3_stochastic_bits(y, n), jnp.float8_e4m3fn)  # noqa: E731
+  else:
+    rounding = adam8._e4m3_stochastic
 
   rng = np.random.default_rng(5)
   grid = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # 0 .. 448
@@ -160,13 +167,42 @@ def test_stochastic_rounding_is_the_rule_bit_for_bit():
   )
   y = np.concatenate([y, -y])
   noise = rng.integers(0, 2**32, y.shape, dtype=np.uint64).astype(np.uint32)
-  got = np.asarray(jax.jit(adam8._e4m3_stochastic)(jnp.asarray(y), jnp.asarray(noise))).astype(np.float64)
+  got = np.asarray(jax.jit(rounding)(jnp.asarray(y), jnp.asarray(noise))).astype(np.float64)
   a = np.abs(y.astype(np.float64))
   i = np.searchsorted(grid, a, side="right") - 1  # lo = grid[i] <= a
   lo, hi = grid[i], grid[np.minimum(i + 1, len(grid) - 1)]
   p_up = np.where(hi > lo, (a - lo) / np.where(hi > lo, hi - lo, 1.0), 0.0)
   want = np.where((noise & 0xFFFF) / 2.0**16 < p_up, hi, lo) * np.sign(y)
   np.testing.assert_array_equal(got, want)
+  nan = jnp.asarray([np.nan, -np.nan], jnp.float32), jnp.asarray([0, 0xFFFF], jnp.uint32)
+  cast = jax.lax.bitcast_convert_type(adam8._e4m3_stochastic(*nan), jnp.uint8)
+  np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(rounding(*nan), jnp.uint8)), np.asarray(cast))
+
+
+def test_a_stacked_leafs_arithmetic_rounding_stores_what_the_cast_would(monkeypatch):
+  """A stacked leaf's loop rounds m with `_e4m3_stochastic_bits` (arithmetic); with the f8-convert rounding in its
+  place, two steps' updates and states are the same bits (a 2-D leaf beside it takes the cast path in both)."""
+  from lrl_jax.learner import adam8
+
+  monkeypatch.setattr(adam8, "_SLICE", 2 * 4 * 512)  # two layers a slice
+  rng = np.random.default_rng(6)
+  p = {"s": jnp.zeros((4, 4, 512), jnp.float32), "w": jnp.zeros((4, 512), jnp.float32)}
+  draw = lambda x, k: jnp.asarray(rng.standard_normal(x.shape) * 10.0**-k, jnp.float32)  # noqa: E731
+  gs = [jax.tree_util.tree_map(lambda x, k=k: draw(x, k), p) for k in (0, 3)]
+
+  def two_steps():
+    tx = scale_by_adam_8bit(block=256)
+    st = tx.init(p)
+    out = []
+    for g in gs:
+      u, st = jax.jit(tx.update)(g, st)
+      out += [np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves((u, st))]
+    return out
+
+  arithmetic = two_steps()
+  cast = lambda y, n: jax.lax.bitcast_convert_type(adam8._e4m3_stochastic(y, n), jnp.uint8)  # noqa: E731
+  monkeypatch.setattr(adam8, "_e4m3_stochastic_bits", cast)
+  assert two_steps() == arithmetic
 
 
 def test_rounding_bits_are_jax_random_bits_without_a_loop():
