@@ -179,9 +179,9 @@ def test_stochastic_rounding_is_the_rule_bit_for_bit(arithmetic):
   np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(rounding(*nan), jnp.uint8)), np.asarray(cast))
 
 
-def test_a_stacked_leafs_arithmetic_rounding_stores_what_the_cast_would(monkeypatch):
-  """A stacked leaf's loop rounds m with `_e4m3_stochastic_bits` (arithmetic); with the f8-convert rounding in its
-  place, two steps' updates and states are the same bits (a 2-D leaf beside it takes the cast path in both)."""
+def test_the_arithmetic_rounding_stores_what_the_cast_would(monkeypatch):
+  """The update rounds m with `_e4m3_stochastic_bits` (arithmetic), in a stacked leaf's loop and on a whole 2-D
+  leaf; with the f8-convert rounding in its place, two steps' updates and states are the same bits."""
   from lrl_jax.learner import adam8
 
   monkeypatch.setattr(adam8, "_SLICE", 2 * 4 * 512)  # two layers a slice
