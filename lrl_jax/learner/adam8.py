@@ -105,31 +105,16 @@ def _blocks(x, block: int):
   return x.reshape(x.shape[:-1] + (last // b, b)) if x.ndim else x.reshape(1, 1), b
 
 
-def _e4m3_stochastic(y, noise):
-  """E4M3 codes of y (|y| <= 448) rounded stochastically: up to the next code above |y| with probability
-  (|y| − lo) / (hi − lo), else down (Gupta et al. 2015). The uniform is the low 16 bits of `noise` (uint32, shaped
-  like y) over 2^16, so the probability is rounded up to a multiple of 2^-16: E[code] = y to within 2^-16 of the gap
-  between the two codes. Codes of one sign are ordered like their bit patterns: a code's neighbour is its bits ± 1."""
-  a = jnp.abs(y)
-  near = a.astype(_FP8)  # round to nearest: one of the two neighbours
-  bits = jax.lax.bitcast_convert_type(near, jnp.uint8)
-  v = near.astype(jnp.float32)
-  step = lambda b: jax.lax.bitcast_convert_type(b, _FP8).astype(jnp.float32)  # noqa: E731
-  above = step(jnp.minimum(bits + 1, 0x7E))  # 0x7E = 448, the largest finite code
-  below = step(jnp.where(bits > 0, bits - 1, 0))
-  lo, hi = jnp.where(v <= a, v, below), jnp.where(v <= a, above, v)
-  p_up = jnp.where(hi > lo, (a - lo) / jnp.where(hi > lo, hi - lo, 1.0), 0.0)
-  uniform = (noise & jnp.uint32(0xFFFF)).astype(jnp.float32) * 2.0**-16  # exact: 16 bits
-  mag = jnp.where(uniform < p_up, hi, lo)
-  return jnp.where(y < 0, -mag, mag).astype(_FP8)  # exact: mag is a code
-
-
 def _e4m3_stochastic_bits(y, noise):
-  """`_e4m3_stochastic(y, noise)`'s codes as uint8 bit patterns, bit for bit, by float and integer arithmetic: no f8
-  convert, a software routine on XLA:CPU (the update alone, SmolLM2's tree: 1.55 -> 1.10 s). The two
-  neighbours of |y| are lo = |y| cut to the e4m3 grid and lo + step, step the grid's spacing in |y|'s binade
-  (2^(max(e, -6) - 3)); p_up = (|y| − lo) / step is exact (a power of two) and so equals the cast version's
-  (|y| − lo) / (hi − lo). The chosen value's code is `qarray._e4m3_bits`'s; NaN takes the cast version's 448."""
+  """E4M3 codes of y (|y| <= 448), as uint8 bit patterns, rounded stochastically: up to the next code above |y| with
+  probability (|y| − lo) / (hi − lo), else down (Gupta et al. 2015). The uniform is the low 16 bits of `noise`
+  (uint32, shaped like y) over 2^16, so the probability is rounded up to a multiple of 2^-16: E[code] = y to within
+  2^-16 of the gap between the two codes. A zero code is +0 (0x00) whatever y's sign; a NaN stores 448's (0x7E).
+
+  By float and integer arithmetic, with no f8 convert (a software routine on XLA:CPU: with converts to find and read
+  back the neighbours, the update alone on SmolLM2's tree took 1.55 s, with this 1.10 s). The neighbours of |y| are
+  lo = |y| cut to the E4M3 grid and hi = lo + step, step the grid's spacing in |y|'s binade (2^(max(e, -6) - 3));
+  p_up = (|y| − lo) / step is exact (step is a power of two). The chosen value's code is `qarray._e4m3_bits`'s."""
   a = jnp.abs(y)
   e = (_as(a, jnp.int32) >> 23) & 0xFF
   step = _as((jnp.maximum(e, 127 - 6) - 3) << 23, jnp.float32)
@@ -137,15 +122,16 @@ def _e4m3_stochastic_bits(y, noise):
   uniform = (noise & jnp.uint32(0xFFFF)).astype(jnp.float32) * 2.0**-16
   mag = jnp.where(uniform < (a - lo) / step, lo + step, lo)  # a code: lo + step <= 448 whenever a > lo
   mag = jnp.where(jnp.isnan(a), _E4M3_MAX, mag)
-  return _as(_e4m3_bits(jnp.where(y < 0, -mag, mag)), jnp.uint8)
+  # one zero code, whatever the sign of a y that rounds to 0 (−0.0, or an f32 subnormal, which XLA:CPU flushes to 0)
+  return _as(_e4m3_bits(jnp.where((y < 0) & (mag > 0), -mag, mag)), jnp.uint8)
 
 
 def encode_moment(x, block: int, key=None, *, noise=None, as_bits=False):
   """(e4m3 codes shaped like x, float32 scales [..., last / b]): blockwise absmax along the last axis; rounded to
   nearest, or stochastically with `key` or `noise` (uint32 bits shaped like x, of which the low 16 are used; `key`
   draws them): unbiased to 2^-16 of a code's gap, so a moment that moves by less than half a code per step still
-  moves on average, where round-to-nearest would leave it stuck. With `as_bits` (stochastic only) the codes come as
-  their uint8 bit patterns, the same bits, made by arithmetic instead of f8 converts (`_e4m3_stochastic_bits`)."""
+  moves on average, where round-to-nearest would leave it stuck (`_e4m3_stochastic_bits`). With `as_bits`
+  (stochastic only) the codes come as their uint8 bit patterns, as the update carries them."""
   x = jnp.asarray(x, jnp.float32)
   if key is not None and noise is None:
     noise = jax.random.bits(key, x.shape, jnp.uint32)
@@ -155,10 +141,9 @@ def encode_moment(x, block: int, key=None, *, noise=None, as_bits=False):
   y = jnp.clip(xb / s, -_E4M3_MAX, _E4M3_MAX)  # clip first: a plain cast overflows to NaN
   if noise is None:
     codes = y.astype(_FP8)
-  elif as_bits:
-    codes = _e4m3_stochastic_bits(y, noise.reshape(y.shape))
   else:
-    codes = _e4m3_stochastic(y, noise.reshape(y.shape))
+    codes = _e4m3_stochastic_bits(y, noise.reshape(y.shape))
+    codes = codes if as_bits else _as(codes, _FP8)
   return codes.reshape(x.shape), s[..., 0].reshape(x.shape[:-1] + (-1,)) if x.ndim else s.reshape(())
 
 
