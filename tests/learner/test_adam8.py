@@ -213,7 +213,7 @@ def test_the_update_stores_the_rule(monkeypatch):
 
 
 def test_rounding_bits_are_jax_random_bits_without_a_loop():
-  """`_bits` (Threefry-2x32's rounds written out, as jax lowers them on accelerators) draws what
+  """`_bits` (Threefry-2x32 written out from the paper, straight-line) draws what
   `jax.random.bits(key, shape, uint32)` draws, bit for bit, alone and vmapped over keys as the stacked leaves' loop
   draws them, and XLA:CPU's program for it has no loop (jax's own rolls the rounds on the CPU)."""
   from lrl_jax.learner import adam8
