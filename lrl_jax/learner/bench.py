@@ -1,10 +1,11 @@
 """Learner benchmarks: what a step needs in memory, what QAT costs, and how fast it trains against a peer.
 
-lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1024] [--prompt 256]
+lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1024] [--prompt 256] [--dump DIR]
   peak bytes of the compiled GRPO train step (`compiled.memory_analysis()`, ahead of time on this backend:
   nothing runs, nothing is allocated) and its matmul flops (`matmul_flops`, from the shapes), for the baseline (f32
   Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
-  then all.
+  then all. `--dump DIR` (memory and aot): XLA's dumps of each compile under DIR/<row> (HLO, buffer assignment, live
+  ranges; a TPU target's too) and each row's bytes live at the peak (`live_at_peak`).
 lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches 1]
                           [--before [matmul | micro-batch | nvfp4]] [--remat none] [--logit-chunk N]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
@@ -15,7 +16,7 @@ lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches
   XLA's f8 / f4 converts, as before `quant.nvfp4_operand`; each one's bf16 row is the same step again, a control for
   the noise); the AOT `cost_analysis()` bytes accessed ratio QAT / bf16 (the proxy where no accelerator runs it); the
   weight sync (`rl.sync`) as a fraction of the step.
-lrl-jax bench learner aot [--tpu v5p:2x2x1] [--batch 16] [--seq 72] [--all-techniques]
+lrl-jax bench learner aot [--tpu v5p:2x2x1] [--batch 16] [--seq 72] [--all-techniques] [--dump DIR]
   the bf16 and the INT4 / NVFP4 / FP8 QAT steps (SmolLM2-135M shapes) compiled for one chip of a TPU slice that is
   not here (libtpu, as `make test-aot` installs it; nothing runs): peak bytes (`memory_analysis()`) and, of the same
   step with its layer scan unrolled (`cost_analysis()` counts a loop body once), bytes accessed and flops. The
@@ -44,10 +45,12 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -98,10 +101,43 @@ def _placed(tree, sharding):
   return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), tree)
 
 
-def _compiled_step(model_cfg, cfg: LearnerConfig, rollout, sharding=None):
+def _compiled_step(model_cfg, cfg: LearnerConfig, rollout, sharding=None, dump: str | None = None):
   state = jax.eval_shape(lambda k: create_train_state(k, model_cfg, cfg), jax.ShapeDtypeStruct((2,), jnp.uint32))
   state, rollout = _placed(state, sharding), _placed(rollout, sharding)
-  return train_step.lower(state, rollout, model_cfg=model_cfg, cfg=cfg).compile()
+  # per compile, not XLA_FLAGS: libtpu refuses --xla_dump_to in the environment but takes it here
+  opts = {"xla_dump_to": dump, "xla_dump_hlo_as_text": True} if dump else None
+  return train_step.lower(state, rollout, model_cfg=model_cfg, cfg=cfg).compile(compiler_options=opts)
+
+
+def live_at_peak(dump: str) -> tuple[float, list[tuple[str, float]]]:
+  """(bytes live at the peak, [(value, bytes)] largest first) of the newest train step XLA dumped into `dump`: its
+  buffer assignment's "Live ranges at N (peak)" (`*train_step*-live-range.txt`), less the values it places in
+  another memory space than the default (a TPU's VMEM and SMEM: `*-buffer-assignment.txt`'s allocations with a
+  color), which `memory_analysis()` does not count. The compiled peak is at least this; what it has more is how the
+  heap packs its buffers."""
+  files = sorted(Path(dump).glob("*train_step*after_optimizations-live-range.txt"), key=lambda f: f.stat().st_mtime)
+  if not files:
+    raise FileNotFoundError(f"live_at_peak: no *train_step*after_optimizations-live-range.txt under {dump}")
+  elsewhere, color = set(), False  # values in allocations of a non-default memory space
+  assignment = files[-1].with_name(files[-1].name.replace("-live-range.txt", "-buffer-assignment.txt"))
+  for line in assignment.read_text().splitlines() if assignment.exists() else ():
+    if line.startswith("allocation "):
+      color = re.search(r", color [1-9]\d*,", line) is not None
+    elif color and (m := re.match(r"\s+value: <\d+ (\S+) @", line)):
+      elsewhere.add(m.group(1))
+  values, inside = [], False
+  for line in files[-1].read_text().splitlines():
+    if "(peak):" in line and line.strip().startswith("Live ranges at"):
+      inside = True
+    elif inside:
+      m = re.match(r"\s+(\S+): (\d+) bytes \(cumulative", line)
+      if not m:
+        break
+      if m.group(1) not in elsewhere:
+        values.append((m.group(1), float(m.group(2))))
+  if not inside:
+    raise ValueError(f"live_at_peak: {files[-1]} has no 'Live ranges at N (peak):' list")
+  return sum(b for _, b in values), sorted(values, key=lambda v: -v[1])
 
 
 class _UnrolledLax:
@@ -116,15 +152,19 @@ class _UnrolledLax:
     return jax.lax.scan(*args, **{**kwargs, "unroll": True})
 
 
-def step_memory(model_cfg, cfg: LearnerConfig, rollout, *, sharding=None, unroll: bool = False) -> dict[str, float]:
+def step_memory(
+  model_cfg, cfg: LearnerConfig, rollout, *, sharding=None, unroll: bool = False, dump: str | None = None
+) -> dict[str, float]:
   """{"peak_bytes", "argument_bytes", "temp_bytes", "flops", "bytes_accessed"} of the compiled train step.
 
   peak = arguments + temporaries + outputs − aliased (the donated state is aliased with the new one).
   sharding: compile for its devices (a TPU chip that is not here: `kernels.tpu_aot.chip`, with libtpu) instead of
   this backend's. unroll: the decoder's layer scan
-  unrolled (its flops and bytes then count every layer; the memory is that program's, not the scan's)."""
+  unrolled (its flops and bytes then count every layer; the memory is that program's, not the scan's). dump: a
+  folder for XLA's dumps of the compile (HLO, buffer assignment, live ranges), and "live_peak_bytes" in the result
+  (`live_at_peak`)."""
   with _traced_with("lax", _UnrolledLax(), decoder) if unroll else contextlib.nullcontext():
-    c = _compiled_step(model_cfg, cfg, rollout, sharding)
+    c = _compiled_step(model_cfg, cfg, rollout, sharding, dump)
   m = c.memory_analysis()
   cost = c.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -135,6 +175,7 @@ def step_memory(model_cfg, cfg: LearnerConfig, rollout, *, sharding=None, unroll
     "temp_bytes": float(m.temp_size_in_bytes),
     "flops": float(cost.get("flops", float("nan"))),
     "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
+    **({"live_peak_bytes": live_at_peak(dump)[0]} if dump else {}),
   }
 
 
@@ -158,6 +199,27 @@ def matmul_flops(mc, batch: int, seq: int, prompt: int, group: int, *, share_pro
   return float(3 * forward + (trunk if remat == "full" else 0))
 
 
+def _dump_dir(root: str | None, *names: str) -> str | None:
+  """root/<names joined, as a file name> (created), or None without --dump."""
+  if not root:
+    return None
+  path = Path(root) / "-".join(re.sub(r"[^A-Za-z0-9.]+", "_", n).strip("_") for n in names)
+  path.mkdir(parents=True, exist_ok=True)
+  return str(path)
+
+
+def _print_live(dump: str | None, m: dict) -> None:
+  """With --dump: the bytes live at the compiled peak, the rest of the peak (the heap's packing), the largest."""
+  if dump:
+    live, values = live_at_peak(dump)
+    top = ", ".join(f"{n} {b / 2**20:.0f} MiB" for n, b in values[:4])
+    print(
+      f"  (dumped to {dump}: live at the peak {live / 2**30:.2f} GiB, packing {(m['peak_bytes'] - live) / 2**30:.2f}"
+      f" GiB; largest: {top})",
+      flush=True,
+    )
+
+
 def memory(args) -> int:
   print(
     f"GRPO train step, batch {args.batch} x {args.seq} tokens (prompt {args.prompt}, groups of {args.group}), bf16 "
@@ -179,7 +241,8 @@ def memory(args) -> int:
         continue
       cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
       t0 = time.perf_counter()
-      m = step_memory(mc, cfg, roll)
+      dump = _dump_dir(args.dump, name, label)
+      m = step_memory(mc, cfg, roll, dump=dump)
       base = base or m["peak_bytes"]
       print(
         f"| {name} | {label} | {m['peak_bytes'] / 2**30:.2f} | {m['peak_bytes'] / base:.2f}x | "
@@ -187,6 +250,7 @@ def memory(args) -> int:
         f"{matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, remat=cfg.remat) / 1e12:.1f} |",
         flush=True,
       )
+      _print_live(dump, m)
       if args.verbose:
         print(f"  (compiled in {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
   return 0
@@ -476,7 +540,8 @@ def aot_tpu(args) -> int:
   print("|---|---|---|---|---|---|---|")
   rows = {}
   for name, cfg in arms.items():
-    m = step_memory(mc, cfg, roll, sharding=chip)
+    dump = _dump_dir(args.dump, args.tpu, name)
+    m = step_memory(mc, cfg, roll, sharding=chip, dump=dump)
     u = step_memory(mc, cfg, roll, sharding=chip, unroll=True)
     rows[name] = (m["peak_bytes"], u["bytes_accessed"])
     peak, acc = rows[name]
@@ -485,6 +550,7 @@ def aot_tpu(args) -> int:
       f"| {u['flops'] / 1e12:.3f} | {u['flops'] / flops:.2f}x |",
       flush=True,
     )
+    _print_live(dump, m)
   return 0
 
 
@@ -753,6 +819,13 @@ def main(argv=None) -> int:
   ap.add_argument("--tpu", default="v5p:2x2x1", help="aot: the TPU slice to compile for (one chip of it)")
   ap.add_argument(
     "--all-techniques", action="store_true", help="aot: fp8 moments, full remat and logit chunks (else the baseline)"
+  )
+  ap.add_argument(
+    "--dump",
+    default=None,
+    metavar="DIR",
+    help="memory / aot: XLA's dumps of each compiled step under DIR/<row> (HLO, buffer assignment, live ranges; on a "
+    "TPU target too), and each row's bytes live at the peak",
   )
   ap.add_argument("--verbose", action="store_true")
   args = ap.parse_args(argv)

@@ -48,3 +48,12 @@ def test_unrolled_tpu_step_counts_every_layer():
   unrolled = flops(2, True) - flops(1, True)
   assert per_layer <= unrolled <= 1.10 * per_layer, (unrolled, per_layer)
   assert flops(2, False) - flops(1, False) < 0.5 * per_layer
+
+
+def test_tpu_step_dumps_its_buffer_assignment(tmp_path):
+  # libtpu refuses XLA_FLAGS' --xla_dump_to; per compile (`compiler_options`) it writes the dumps. The live set at the
+  # peak lies between the arguments (all live at the start) and the compiled peak (every live value at once).
+  chip = tpu_aot.chip("v5e:2x2")
+  roll = bench.abstract_rollout(**SHAPE)
+  m = bench.step_memory(TINY, LearnerConfig(lr=1e-6, compute_dtype="bfloat16"), roll, sharding=chip, dump=str(tmp_path))
+  assert m["argument_bytes"] <= m["live_peak_bytes"] <= m["peak_bytes"], m
