@@ -110,22 +110,28 @@ def _compiled_step(model_cfg, cfg: LearnerConfig, rollout, sharding=None, dump: 
 
 
 def live_at_peak(dump: str) -> tuple[float, list[tuple[str, float]]]:
-  """(bytes live at the peak, [(value, bytes)] largest first) of the newest train step XLA dumped into `dump`: its
-  buffer assignment's "Live ranges at N (peak)" (`*train_step*-live-range.txt`), less the values it places in
-  another memory space than the default (a TPU's VMEM and SMEM: `*-buffer-assignment.txt`'s allocations with a
-  color), which `memory_analysis()` does not count. The compiled peak is at least this; what it has more is how the
-  heap packs its buffers."""
+  """(bytes live at the peak, [(value, bytes)] largest first) of the newest train step XLA dumped into `dump`: the
+  values its buffer assignment lists as "Live ranges at N (peak)" (`*train_step*-live-range.txt`), each byte of
+  their buffers counted once (values that share a buffer, an in-place update and its operand, are listed apart:
+  `*-buffer-assignment.txt`'s allocations and offsets), less the values in another memory space than the default (a
+  TPU's VMEM and SMEM, allocations with a color), which `memory_analysis()` does not count. A listed value the
+  assignment does not name (a loop body's parameter: its loop's own buffers, listed too) is not counted again. The
+  compiled peak is at least this; what it has more is how the heap packs its buffers."""
   files = sorted(Path(dump).glob("*train_step*after_optimizations-live-range.txt"), key=lambda f: f.stat().st_mtime)
   if not files:
     raise FileNotFoundError(f"live_at_peak: no *train_step*after_optimizations-live-range.txt under {dump}")
-  elsewhere, color = set(), False  # values in allocations of a non-default memory space
   assignment = files[-1].with_name(files[-1].name.replace("-live-range.txt", "-buffer-assignment.txt"))
-  for line in assignment.read_text().splitlines() if assignment.exists() else ():
-    if line.startswith("allocation "):
-      color = re.search(r", color [1-9]\d*,", line) is not None
-    elif color and (m := re.match(r"\s+value: <\d+ (\S+) @", line)):
-      elsewhere.add(m.group(1))
-  values, inside = [], False
+  if not assignment.exists():
+    raise FileNotFoundError(f"live_at_peak: {files[-1]} has no buffer assignment beside it ({assignment.name})")
+  where: dict[str, tuple[int, int, int] | None] = {}  # value -> (allocation, offset, size); None: not the default
+  alloc, default = -1, True
+  for line in assignment.read_text().splitlines():
+    if m := re.match(r"allocation (\d+): ", line):
+      alloc, default = int(m.group(1)), re.search(r", color [1-9]\d*,", line) is None
+    elif m := re.match(r"\s+value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\)", line):
+      name = m.group(1) if m.group(1).endswith("}") else m.group(1) + "{}"
+      where.setdefault(name, (alloc, int(m.group(3)), int(m.group(2))) if default else None)
+  values, spans, inside = [], {}, False
   for line in files[-1].read_text().splitlines():
     if "(peak):" in line and line.strip().startswith("Live ranges at"):
       inside = True
@@ -133,11 +139,19 @@ def live_at_peak(dump: str) -> tuple[float, list[tuple[str, float]]]:
       m = re.match(r"\s+(\S+): (\d+) bytes \(cumulative", line)
       if not m:
         break
-      if m.group(1) not in elsewhere:
+      place = where.get(m.group(1))
+      if place is not None:
         values.append((m.group(1), float(m.group(2))))
+        spans.setdefault(place[0], []).append((place[1], place[1] + place[2]))
   if not inside:
     raise ValueError(f"live_at_peak: {files[-1]} has no 'Live ranges at N (peak):' list")
-  return sum(b for _, b in values), sorted(values, key=lambda v: -v[1])
+  live = 0
+  for iv in spans.values():  # the union of each allocation's live spans
+    end = -1
+    for b, e in sorted(iv):
+      live += max(0, e - max(b, end))
+      end = max(end, e)
+  return float(live), sorted(values, key=lambda v: -v[1])
 
 
 class _UnrolledLax:

@@ -51,9 +51,9 @@ def test_unrolled_tpu_step_counts_every_layer():
 
 
 def test_tpu_step_dumps_its_buffer_assignment(tmp_path):
-  # libtpu refuses XLA_FLAGS' --xla_dump_to; per compile (`compiler_options`) it writes the dumps. The live set at the
-  # peak lies between the arguments (all live at the start) and the compiled peak (every live value at once).
+  # libtpu refuses XLA_FLAGS' --xla_dump_to; per compile (`compiler_options`) it writes the dumps. The bytes live at
+  # the peak in HBM, each counted once, are at most the compiled peak (its allocations; VMEM values left out).
   chip = tpu_aot.chip("v5e:2x2")
   roll = bench.abstract_rollout(**SHAPE)
   m = bench.step_memory(TINY, LearnerConfig(lr=1e-6, compute_dtype="bfloat16"), roll, sharding=chip, dump=str(tmp_path))
-  assert m["argument_bytes"] <= m["live_peak_bytes"] <= m["peak_bytes"], m
+  assert 0 < m["live_peak_bytes"] <= m["peak_bytes"], m

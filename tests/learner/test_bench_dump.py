@@ -21,17 +21,18 @@ TINY = models.ModelConfig(
 
 
 @pytest.mark.parametrize("opt", ["float32", "fp8"])
-def test_live_at_the_peak_lies_between_the_arguments_and_the_compiled_peak(tmp_path, opt):
-  # Every argument (the state, the rollout) is live when the program starts, so the largest live set holds at least
-  # their bytes; the compiled peak (arguments + temporaries + outputs − aliased) holds every live value at once, so
-  # it is at least the largest live set. Both are byte counts of the same buffers: exact, no tolerance.
+def test_live_at_the_peak_is_within_the_compiled_peak(tmp_path, opt):
+  # The compiled peak (arguments + temporaries + outputs − aliased) is the size of the buffer assignment's
+  # allocations, so the bytes live at any one point, each counted once, are at most that: exact byte counts, no
+  # tolerance. Summing the listed values instead broke it: at Qwen2.5-7B shapes (`bench learner memory --dump`,
+  # 143.3 GiB against a 141.9 GiB peak: values sharing a buffer) and on the v5e target of test_aot_tpu_step.py (VMEM).
   roll = bench.abstract_rollout(8, 32, 16, 4)
   cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", opt_state_dtype=opt)
   m = bench.step_memory(TINY, cfg, roll, dump=str(tmp_path))
   assert list(tmp_path.glob("*train_step*after_optimizations-live-range.txt"))
-  assert m["argument_bytes"] <= m["live_peak_bytes"] <= m["peak_bytes"], m
   live, values = bench.live_at_peak(str(tmp_path))
-  assert live == m["live_peak_bytes"] and live == sum(b for _, b in values)
+  assert live == m["live_peak_bytes"]
+  assert values[0][1] <= live <= m["peak_bytes"], (values[0], m)
   assert [b for _, b in values] == sorted((b for _, b in values), reverse=True)
 
 
