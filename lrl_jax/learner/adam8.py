@@ -32,10 +32,10 @@ layers a slice takes. The whole-leaf update it replaces wrote m in f32, the roun
 that draws twice: 12 bytes an element) and XLA:CPU's threefry carries (it runs the rounds as a loop over full-size
 arrays) for every element at once, and the clipped gradient beside the gradient: at Qwen2.5-7B shapes and 16 x 72
 tokens the 8-bit step peaked at 188 GiB against f32 Adam's 142; now 117 (`lrl_jax/learner/README.md`, "Memory of a
-GRPO step"). Rank 1 and 2 leaves (norms, biases, the
-embedding and the LM head, whose first axis may be sharded) are updated whole. The bits come from `_bits` (jax's
-Threefry without the CPU's rolled loop) and the codes are read back by integer arithmetic (`qarray._e4m3_value`):
-the same numbers as jax.random.bits and an f8 convert, in half the CPU time. They are written by arithmetic too
+GRPO step"). Rank 1 and 2 leaves (norms, biases, the embedding and the LM head, whose first axis may be sharded)
+are updated whole. The bits come from `_bits` (Threefry-2x32 written out: jax.random.bits's bits without the CPU's
+rolled loop) and the codes are read back by integer arithmetic (`qarray._e4m3_value`): the same numbers as
+jax.random.bits and an f8 convert, in half the CPU time. They are written by arithmetic too
 (`_e4m3_stochastic_bits`): the update makes no f8 value but the state's own (the update alone, SmolLM2's tree:
 1.55 -> 1.10 s).
 """

@@ -175,8 +175,7 @@ def step_memory(
   sharding: compile for its devices (a TPU chip that is not here: `kernels.tpu_aot.chip`, with libtpu) instead of
   this backend's. unroll: the decoder's layer scan
   unrolled (its flops and bytes then count every layer; the memory is that program's, not the scan's). dump: a
-  folder for XLA's dumps of the compile (HLO, buffer assignment, live ranges), and "live_peak_bytes" in the result
-  (`live_at_peak`)."""
+  folder for XLA's dumps of the compile (HLO, buffer assignment, live ranges; `live_at_peak` reads them)."""
   with _traced_with("lax", _UnrolledLax(), decoder) if unroll else contextlib.nullcontext():
     c = _compiled_step(model_cfg, cfg, rollout, sharding, dump)
   m = c.memory_analysis()
@@ -189,7 +188,6 @@ def step_memory(
     "temp_bytes": float(m.temp_size_in_bytes),
     "flops": float(cost.get("flops", float("nan"))),
     "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
-    **({"live_peak_bytes": live_at_peak(dump)[0]} if dump else {}),
   }
 
 

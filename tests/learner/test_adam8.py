@@ -138,12 +138,15 @@ def test_stochastic_rounding_is_unbiased_and_picks_a_neighbour():
   assert np.all(np.abs(np.asarray(enc).mean(0) - x64[0]) <= 6 * width[0] / 2 / np.sqrt(4096))
 
 
+_E4M3_GRID = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # its codes 0 .. 448
+
+
 def _stochastic_rule(y, noise):
   """The stochastic E4M3 rounding in float64 NumPy, as uint8 bit patterns: lo and hi the E4M3 neighbours of |y| on
   ml_dtypes' grid, up iff the low 16 bits of the noise over 2^16 are below (|y| − lo) / (hi − lo) (exact in
   float64: the gap is a power of two), the sign put back on a non-zero code (zero is 0x00); a NaN stores 448
   (0x7E)."""
-  grid = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)  # 0 .. 448
+  grid = _E4M3_GRID
   y = np.asarray(y, np.float64)
   a = np.nan_to_num(np.abs(y), nan=448.0)
   i = np.searchsorted(grid, a, side="right") - 1  # lo = grid[i] <= a
@@ -160,7 +163,7 @@ def test_stochastic_rounding_is_the_rule_bit_for_bit():
   from lrl_jax.learner import adam8
 
   rng = np.random.default_rng(5)
-  grid = np.arange(0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+  grid = _E4M3_GRID
   g32 = grid.astype(np.float32)
   y = np.concatenate(
     [
