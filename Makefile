@@ -9,6 +9,7 @@ REF    := $(VENV)/.installed-ref
 AOT    := $(VENV)/.installed-aot
 DOCS   := $(VENV)/.installed-docs
 LIBTPU := $(VENV)/libtpu
+CUDA_AOT := $(VENV)/cuda-aot
 # --dist loadfile: a test file's tests share one worker, so its module fixtures and compiled programs are made once
 PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
@@ -24,12 +25,15 @@ $(REF): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,hf,control,ref]'
 	@touch $@
 
-# triton in the venv; libtpu (the version jax's `tpu` extra pins) beside it, on the path of `make test-aot` only,
-# so that nothing else in the venv tries to start a TPU backend.
+# triton in the venv; libtpu (the version jax's `tpu` extra pins) and jax's CUDA plugin (jaxlib's own version: it
+# compiles whole programs for a GPU that is not here, lrl_jax.kernels.gpu_aot) beside it, on the path of `make
+# test-aot` only, so that nothing else in the venv tries to start a TPU or GPU backend.
 $(AOT): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,hf,control,aot]'
 	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(LIBTPU) "$$($(BIN)/python -c 'import importlib.metadata as m; \
 	  print(next(r.split(";")[0].replace(" ", "") for r in m.requires("jax") if r.startswith("libtpu")))')"
+	v=$$($(BIN)/python -c 'import jaxlib; print(jaxlib.__version__)') && $(BIN)/python -m pip install -q --no-deps \
+	  --upgrade --target $(CUDA_AOT) "jax-cuda13-plugin==$$v" "jax-cuda13-pjrt==$$v"
 	@touch $@
 
 $(DOCS): $(STAMP)
@@ -56,9 +60,9 @@ format: $(STAMP)  ## format the tree and apply the linter's safe fixes
 test-ref: $(REF)  ## parity tests against torch / transformers; a skip here is a failure
 	LRL_JAX_REQUIRE_REF=1 $(PYTEST) -m ref
 
-test-aot: $(AOT)  ## the kernels compiled ahead of time for sm_90 (triton + ptxas) and TPU v4-v6e (libtpu); no accelerator needed, a skip is a failure
+test-aot: $(AOT)  ## the kernels compiled ahead of time for sm_90 (triton + ptxas) and TPU v4-v6e (libtpu), the learner step for a TPU chip and an H100 (XLA:GPU); no accelerator needed, a skip is a failure
 	LRL_JAX_REQUIRE_AOT=1 JAX_PLATFORMS=cpu TPU_ACCELERATOR_TYPE=v5litepod-4 ALLOW_MULTIPLE_LIBTPU_LOAD=1 \
-	  PYTHONPATH=$(LIBTPU) $(PYTEST) -m aot
+	  PYTHONPATH=$(LIBTPU):$(CUDA_AOT) $(PYTEST) -m aot
 
 test-slow: $(REF)  ## checks too slow for the default suite
 	$(PYTEST) -m "slow and not ref and not device and not aot"

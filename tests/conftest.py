@@ -45,14 +45,16 @@ import pytest  # noqa: E402
 collect_ignore = []
 if os.environ.get("LRL_JAX_REQUIRE_REF") != "1" and importlib.util.find_spec("torch") is None:
   collect_ignore.append("models/test_parity_ref.py")
-# Ahead-of-time compiles for GPU (the `aot` extra: triton) and TPU (libtpu, which `make test-aot` puts on the
-# path): without them (the default venv) the modules are not collected; under LRL_JAX_REQUIRE_AOT=1 (`make
-# test-aot`, CI) nothing is ignored and a skip is a failure.
+# Ahead-of-time compiles for GPU (the `aot` extra: triton; jax's CUDA plugin) and TPU (libtpu), which `make
+# test-aot` puts on the path: without them (the default venv) the modules are not collected; under
+# LRL_JAX_REQUIRE_AOT=1 (`make test-aot`, CI) nothing is ignored and a skip is a failure.
 if os.environ.get("LRL_JAX_REQUIRE_AOT") != "1":
   if importlib.util.find_spec("triton") is None:
     collect_ignore.append("kernels/test_aot_triton.py")
   if importlib.util.find_spec("libtpu") is None:
     collect_ignore += ["kernels/test_aot_tpu.py", "learner/test_aot_tpu_step.py"]
+  if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
+    collect_ignore.append("learner/test_aot_gpu_step.py")
 # Compiled-kernel tests need a GPU / TPU: collected only when asked for (scripts/device_check.sh sets
 # LRL_JAX_REQUIRE_DEVICE=1; there a CPU-only backend is an error, not a skip).
 if os.environ.get("LRL_JAX_REQUIRE_DEVICE") != "1":

@@ -1,11 +1,13 @@
 """Learner benchmarks: what a step needs in memory, what QAT costs, and how fast it trains against a peer.
 
 lrl-jax bench learner memory [--models smollm2 qwen2.5-7b] [--batch 64] [--seq 1024] [--prompt 256] [--dump DIR]
-  peak bytes of the compiled GRPO train step (`compiled.memory_analysis()`, ahead of time on this backend:
-  nothing runs, nothing is allocated) and its matmul flops (`matmul_flops`, from the shapes), for the baseline (f32
-  Adam, no remat, logits whole) and each memory technique (8-bit Adam moments, remat policies, chunked logits),
-  then all. `--dump DIR` (memory and aot): XLA's dumps of each compile under DIR/<row> (HLO, buffer assignment, live
-  ranges; a TPU target's too) and each row's bytes live at the peak (`live_at_peak`).
+                             [--gpu h100 | h200]
+  peak bytes of the compiled GRPO train step (`compiled.memory_analysis()`, ahead of time on this backend, or with
+  `--gpu` for that GPU, which is not here: `kernels.gpu_aot`; nothing runs, nothing is allocated) and its matmul
+  flops (`matmul_flops`, from the shapes), for the baseline (f32 Adam, no remat, logits whole) and each memory
+  technique (8-bit Adam moments, remat policies, chunked logits), then all. `--dump DIR` (memory and aot): XLA's
+  dumps of each compile under DIR/<row> (HLO, buffer assignment, live ranges; a TPU or GPU target's too) and each
+  row's bytes live at the peak (`live_at_peak`).
 lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches 1]
                           [--before [matmul | micro-batch | nvfp4]] [--remat none] [--logit-chunk N]
   SmolLM2-135M shapes (random weights): the bf16 learner step vs INT4 / NVFP4 / FP8 QAT steps, side by side in one
@@ -16,11 +18,13 @@ lrl-jax bench learner qat [--batch 16] [--seq 72] [--repeats 3] [--micro-batches
   XLA's f8 / f4 converts, as before `quant.nvfp4_operand`; each one's bf16 row is the same step again, a control for
   the noise); the AOT `cost_analysis()` bytes accessed ratio QAT / bf16 (the proxy where no accelerator runs it); the
   weight sync (`rl.sync`) as a fraction of the step.
-lrl-jax bench learner aot [--tpu v5p:2x2x1] [--batch 16] [--seq 72] [--all-techniques] [--dump DIR]
+lrl-jax bench learner aot [--tpu v5p:2x2x1 | --gpu h100 | h200] [--batch 16] [--seq 72] [--all-techniques] [--dump DIR]
   the bf16 and the INT4 / NVFP4 / FP8 QAT steps (SmolLM2-135M shapes) compiled for one chip of a TPU slice that is
   not here (libtpu, as `make test-aot` installs it; nothing runs): peak bytes (`memory_analysis()`) and, of the same
-  step with its layer scan unrolled (`cost_analysis()` counts a loop body once), bytes accessed and flops. The
-  bytes-accessed ratio QAT / bf16 is the accelerator proxy of the QAT cost where no accelerator is lent.
+  step with its layer scan unrolled (`cost_analysis()` counts a loop body once), bytes accessed and flops. With
+  `--gpu`: for that NVIDIA GPU (XLA:GPU, deviceless: jax's CUDA plugin, as `make test-aot` installs it), the bytes
+  counted from the scan program's optimized HLO (`traffic.program_bytes`). The bytes-accessed ratio QAT / bf16 is
+  the accelerator proxy of the QAT cost where no accelerator is lent.
 lrl-jax bench learner hostmem [--batch 16] [--seq 72] [--repeats 10]
   glibc keeping the memory XLA frees (`lrl_jax.hostmem`, the default) vs returning it: two worker processes, one
   per setting (it must be set before XLA starts), each with the bf16 and the INT4 g64 QAT step and the INT4 sync of
@@ -167,28 +171,41 @@ class _UnrolledLax:
 
 
 def step_memory(
-  model_cfg, cfg: LearnerConfig, rollout, *, sharding=None, unroll: bool = False, dump: str | None = None
+  model_cfg,
+  cfg: LearnerConfig,
+  rollout,
+  *,
+  sharding=None,
+  unroll: bool = False,
+  dump: str | None = None,
+  count_bytes: bool = False,
 ) -> dict[str, float]:
   """{"peak_bytes", "argument_bytes", "temp_bytes", "flops", "bytes_accessed"} of the compiled train step.
 
   peak = arguments + temporaries + outputs − aliased (the donated state is aliased with the new one).
-  sharding: compile for its devices (a TPU chip that is not here: `kernels.tpu_aot.chip`, with libtpu) instead of
-  this backend's. unroll: the decoder's layer scan
+  sharding: compile for its devices (a TPU chip that is not here: `kernels.tpu_aot.chip`, with libtpu; a GPU:
+  `kernels.gpu_aot.chip`, with jax's CUDA plugin) instead of this backend's. unroll: the decoder's layer scan
   unrolled (its flops and bytes then count every layer; the memory is that program's, not the scan's). dump: a
-  folder for XLA's dumps of the compile (HLO, buffer assignment, live ranges; `live_at_peak` reads them)."""
+  folder for XLA's dumps of the compile (HLO, buffer assignment, live ranges; `live_at_peak` reads them).
+  count_bytes: also "program_bytes", the bytes one run moves counted from the optimized HLO, every loop body times
+  its trip count (`traffic.program_bytes`; what a GPU target has in place of `cost_analysis()`, which is NaN there:
+  flops and bytes_accessed)."""
   with _traced_with("lax", _UnrolledLax(), decoder) if unroll else contextlib.nullcontext():
     c = _compiled_step(model_cfg, cfg, rollout, sharding, dump)
   m = c.memory_analysis()
-  cost = c.cost_analysis()
+  cost = c.cost_analysis() or {}
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   peak = m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-  return {
+  out = {
     "peak_bytes": float(peak),
     "argument_bytes": float(m.argument_size_in_bytes),
     "temp_bytes": float(m.temp_size_in_bytes),
     "flops": float(cost.get("flops", float("nan"))),
     "bytes_accessed": float(cost.get("bytes accessed", float("nan"))),
   }
+  if count_bytes:
+    out["program_bytes"] = float(sum(traffic.program_bytes(c.as_text())))
+  return out
 
 
 def matmul_flops(mc, batch: int, seq: int, prompt: int, group: int, *, share_prompt: bool = True, remat=None) -> float:
@@ -232,19 +249,32 @@ def _print_live(dump: str | None, m: dict) -> None:
     )
 
 
+def _gpu(name: str):
+  """(sharding, GpuTarget) of a GPU that is not here (`kernels.gpu_aot`: jax's CUDA plugin, as `make test-aot`
+  installs it)."""
+  from lrl_jax.kernels import gpu_aot  # noqa: PLC0415  (describing a GPU needs jax's CUDA plugin)
+
+  return gpu_aot.chip(name), gpu_aot.TARGETS[name]
+
+
 def memory(args) -> int:
+  sharding, card = _gpu(args.gpu) if args.gpu else (None, None)
+  where = (
+    f"one {card.name} ({card.memory_bytes / 2**30:.1f} GiB; XLA:GPU, deviceless)" if card else jax.default_backend()
+  )
   print(
     f"GRPO train step, batch {args.batch} x {args.seq} tokens (prompt {args.prompt}, groups of {args.group}), bf16 "
-    f"compute, compiled ahead of time for {jax.default_backend()} (nothing runs); peak = arguments + temporaries "
+    f"compute, compiled ahead of time for {where} (nothing runs); peak = arguments + temporaries "
     f"+ outputs - aliased",
     flush=True,
   )
   roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)
+  fits = " vs the card's memory |" if card else ""
   print(
     "\n| model | technique | peak GiB | vs baseline | state (args) GiB | temporaries GiB | matmul TFLOP / step "
-    "(from the shapes) |"
+    f"(from the shapes) |{fits}"
   )
-  print("|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|" + ("---|" if card else ""))
   for name in args.models:
     mc = MODELS[name]
     base = None
@@ -254,12 +284,13 @@ def memory(args) -> int:
       cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
       t0 = time.perf_counter()
       dump = _dump_dir(args.dump, name, label)
-      m = step_memory(mc, cfg, roll, dump=dump)
+      m = step_memory(mc, cfg, roll, sharding=sharding, dump=dump)
       base = base or m["peak_bytes"]
       print(
         f"| {name} | {label} | {m['peak_bytes'] / 2**30:.2f} | {m['peak_bytes'] / base:.2f}x | "
         f"{m['argument_bytes'] / 2**30:.2f} | {m['temp_bytes'] / 2**30:.2f} | "
-        f"{matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, remat=cfg.remat) / 1e12:.1f} |",
+        f"{matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, remat=cfg.remat) / 1e12:.1f} |"
+        + (f" {m['peak_bytes'] / card.memory_bytes:.2f}x |" if card else ""),
         flush=True,
       )
       _print_live(dump, m)
@@ -529,13 +560,24 @@ def hostmem(args) -> int:
   return 0
 
 
-def aot_tpu(args) -> int:
-  """The bf16 and QAT steps compiled for one chip of a TPU slice (nothing runs): the scan program's peak, and the
-  bytes accessed and flops of the same step with its layer scan unrolled (what `cost_analysis()` counts in full)."""
-  from lrl_jax.kernels.tpu_aot import chip as tpu_chip  # noqa: PLC0415  (describing a TPU needs libtpu)
-
+def aot(args) -> int:
+  """The bf16 and QAT steps compiled for an accelerator that is not here (nothing runs). One chip of a TPU slice
+  (`--tpu`): the scan program's peak, and the bytes accessed and flops of the same step with its layer scan unrolled
+  (what `cost_analysis()` counts in full). One GPU (`--gpu`): the peak, and the bytes the scan program moves counted
+  from its optimized HLO (`traffic.program_bytes`: loop bodies times their trip counts; XLA:GPU's deviceless
+  executable has no `cost_analysis()`)."""
   mc = MODELS["smollm2"]
-  chip = tpu_chip(args.tpu)
+  if args.gpu:
+    target, card = _gpu(args.gpu)
+    where = f"one {card.name} (XLA:GPU, deviceless, kernels untuned; nothing runs); bytes the step's HLO moves"
+  else:
+    from lrl_jax.kernels.tpu_aot import chip as tpu_chip  # noqa: PLC0415  (describing a TPU needs libtpu)
+
+    target = tpu_chip(args.tpu)
+    where = (
+      f"one chip of TPU {args.tpu} (XLA:TPU, nothing runs); bytes and flops of the layer-unrolled step's "
+      "cost_analysis()"
+    )
   roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)
   kw = TECHNIQUES["all: fp8 moments + full remat + chunks"] if args.all_techniques else {}
   base = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
@@ -544,22 +586,26 @@ def aot_tpu(args) -> int:
   print(
     f"SmolLM2-135M GRPO step, {args.batch} x {args.seq} tokens (prompt {args.prompt}, groups of {args.group}), bf16 "
     f"compute, {'all three memory techniques' if args.all_techniques else 'f32 Adam, no remat, logits whole'}; "
-    f"compiled for one chip of TPU {args.tpu} (XLA:TPU, nothing runs); bytes and flops of the layer-unrolled step; "
-    f"matmul flops from the shapes {flops / 1e12:.3f} T",
+    f"compiled for {where}; matmul flops from the shapes {flops / 1e12:.3f} T",
     flush=True,
   )
   print("\n| learner | peak GiB | vs bf16 | bytes accessed GB | vs bf16 | flops T | vs the shapes' matmul flops |")
   print("|---|---|---|---|---|---|---|")
   rows = {}
   for name, cfg in arms.items():
-    dump = _dump_dir(args.dump, args.tpu, name)
-    m = step_memory(mc, cfg, roll, sharding=chip, dump=dump)
-    u = step_memory(mc, cfg, roll, sharding=chip, unroll=True)
-    rows[name] = (m["peak_bytes"], u["bytes_accessed"])
+    dump = _dump_dir(args.dump, args.gpu or args.tpu, name)
+    m = step_memory(mc, cfg, roll, sharding=target, dump=dump, count_bytes=bool(args.gpu))
+    if args.gpu:
+      rows[name] = (m["peak_bytes"], m["program_bytes"])
+      fl = "- | -"
+    else:
+      u = step_memory(mc, cfg, roll, sharding=target, unroll=True)
+      rows[name] = (m["peak_bytes"], u["bytes_accessed"])
+      fl = f"{u['flops'] / 1e12:.3f} | {u['flops'] / flops:.2f}x"
     peak, acc = rows[name]
     print(
       f"| {name} | {peak / 2**30:.2f} | {peak / rows['bf16'][0]:.2f}x | {acc / 1e9:.2f} | {acc / rows['bf16'][1]:.2f}x "
-      f"| {u['flops'] / 1e12:.3f} | {u['flops'] / flops:.2f}x |",
+      f"| {fl} |",
       flush=True,
     )
     _print_live(dump, m)
@@ -830,6 +876,13 @@ def main(argv=None) -> int:
   )
   ap.add_argument("--tpu", default="v5p:2x2x1", help="aot: the TPU slice to compile for (one chip of it)")
   ap.add_argument(
+    "--gpu",
+    default=None,
+    choices=["h100", "h200"],
+    help="aot / memory: compile for this NVIDIA GPU instead (XLA:GPU, deviceless: jax's CUDA plugin, as `make "
+    "test-aot` installs it beside the venv)",
+  )
+  ap.add_argument(
     "--all-techniques", action="store_true", help="aot: fp8 moments, full remat and logit chunks (else the baseline)"
   )
   ap.add_argument(
@@ -848,7 +901,7 @@ def main(argv=None) -> int:
   args.repeats = args.repeats or (10 if args.what == "hostmem" else 3)
   if args.worker:
     return _hostmem_worker(args)
-  return {"memory": memory, "qat": qat, "torch": torch_peer, "aot": aot_tpu, "hostmem": hostmem}[args.what](args)
+  return {"memory": memory, "qat": qat, "torch": torch_peer, "aot": aot, "hostmem": hostmem}[args.what](args)
 
 
 if __name__ == "__main__":
