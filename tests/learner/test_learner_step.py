@@ -484,3 +484,28 @@ def test_qat_micro_batches_fake_quantize_once_per_step(monkeypatch, spec, traina
     np.testing.assert_array_equal(m_once[k], m_each[k], err_msg=k)
   for a, b in zip(jax.tree_util.tree_leaves(p_once), jax.tree_util.tree_leaves(p_each), strict=True):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("moments", ["float32", "fp8"])
+def test_skip_by_select_is_skip_by_branch(moments):
+  """The GPU's select (`_update_by_select`) and the other backends' conditional (`_update_by_branch`) give the same
+  parameters and optimizer state, bit for bit, for a finite step and for a skipped one (run here on the CPU)."""
+  from lrl_jax.learner import step as S  # noqa: PLC0415
+
+  cfg = CFG.replace(opt_state_dtype=moments, grad_clip=1.0)
+  state = _state(cfg)
+  tx = L.make_optimizer(cfg)
+  trainable = S.trainable_params(state)
+  leaves, treedef = jax.tree_util.tree_flatten(trainable)
+  keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
+  grads = treedef.unflatten([jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)])
+  branch = jax.jit(lambda ok, p, o, g: S._update_by_branch(ok, tx, p, o, g))
+  select = jax.jit(lambda ok, p, o, g: S._update_by_select(ok, tx, p, o, g))
+  for ok in (True, False):
+    want = host(branch(jnp.asarray(ok), trainable, state.opt_state, grads))
+    got = host(select(jnp.asarray(ok), trainable, state.opt_state, grads))
+    for w, g in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+      np.testing.assert_array_equal(np.atleast_1d(g).view(np.uint8), np.atleast_1d(w).view(np.uint8))
+    if not ok:
+      for w, p in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(host((trainable, state.opt_state)))):
+        np.testing.assert_array_equal(w, p)
