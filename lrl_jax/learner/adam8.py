@@ -256,6 +256,12 @@ def scale_by_adam_8bit(
       same numbers), applied as each slice is read. Chained before this transform instead, the clip writes the
       clipped gradient out whole, 4 more bytes a parameter beside the gradient (22 GiB more at Qwen2.5-7B shapes,
       16 x 72: `lrl-jax bench learner memory`).
+
+  The update takes an extra argument (`optax.GradientTransformationExtraArgs`; `optax.chain` passes it on):
+  `apply`, a boolean scalar or None. Where it is false the state comes back as it was (its count too), selected
+  slice by slice as the slices are written: the learner's skipped step on a GPU (`step._update_by_select`), where a
+  select after the update read the codes, scales and v once more (+26% of the bytes of a Qwen2.5-7B-shaped step
+  on an H100 target).
   """
   if block < 1:
     raise ValueError(f"scale_by_adam_8bit: block must be >= 1; got {block}")
@@ -271,9 +277,10 @@ def scale_by_adam_8bit(
       v=jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.bfloat16), params),
     )
 
-  def update_fn(updates, state, params=None):
-    del params
+  def update_fn(updates, state, params=None, *, apply=None, **extra_args):
+    del params, extra_args
     count = optax.safe_increment(state.count)
+    keep = (lambda new, old: new) if apply is None else (lambda new, old: jnp.where(apply, new, old))  # noqa: E731
     t = count.astype(jnp.float32)
     step_key = jax.random.fold_in(jax.random.key(_SR_SEED, impl="threefry2x32"), count)
 
@@ -293,8 +300,8 @@ def scale_by_adam_8bit(
       g = jnp.asarray(g, jnp.float32)
       if g.ndim < 3:  # whole: drawn once g exists (`_tie`)
         key = jax.random.fold_in(_tie(step_key, g), i)
-        u, mc, ms, v = moments(clipped(g), mc, ms, v, _bits(key, g.shape))
-        return u, _as(mc, _FP8), ms, v
+        u, mc1, ms1, v1 = moments(clipped(g), mc, ms, v, _bits(key, g.shape))
+        return u, _as(keep(mc1, _as(mc, jnp.uint8)), _FP8), keep(ms1, ms), keep(v1, v)
       key, n = jax.random.fold_in(step_key, i), _layers_per_slice(g.shape)
 
       def layer_bits(layer):
@@ -306,7 +313,8 @@ def scale_by_adam_8bit(
       def slice_(j, carry):  # layers [j n, (j + 1) n): the update into its own carry, the state in place
         g_j = clipped(lax.dynamic_slice_in_dim(g, j * n, n))
         mc_j, ms_j, v_j = [lax.dynamic_slice_in_dim(x, j * n, n) for x in carry[1:]]
-        out = _apart(new_slice, g_j, mc_j, ms_j, v_j, j * n + jnp.arange(n), live=count > 0)
+        u_j, *new = _apart(new_slice, g_j, mc_j, ms_j, v_j, j * n + jnp.arange(n), live=count > 0)
+        out = (u_j, *(keep(a, b) for a, b in zip(new, (mc_j, ms_j, v_j))))
         return tuple(lax.dynamic_update_slice_in_dim(x, y, j * n, 0) for x, y in zip(carry, out))
 
       init = (jnp.zeros_like(g), _as(mc, jnp.uint8), ms, v)
@@ -323,6 +331,6 @@ def scale_by_adam_8bit(
     parts = [jax.tree_util.tree_leaves(x) for x in (state.m_codes, state.m_scale, state.v)]
     out = [one(i, g, *xs) for i, (g, *xs) in enumerate(zip(flat_g, *parts))]
     unflat = lambda i: jax.tree_util.tree_unflatten(treedef, [o[i] for o in out])  # noqa: E731
-    return unflat(0), Adam8State(count, unflat(1), unflat(2), unflat(3))
+    return unflat(0), Adam8State(keep(count, state.count), unflat(1), unflat(2), unflat(3))
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

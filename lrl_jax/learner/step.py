@@ -36,6 +36,7 @@ from jax import lax
 from jax.sharding import Mesh
 
 from lrl_jax import losses, quant
+from lrl_jax.learner.adam8 import Adam8State
 from lrl_jax.learner.config import LearnerConfig, ValueConfig
 from lrl_jax.learner.mesh import activation_rules, batch_sharding
 from lrl_jax.learner.state import (
@@ -723,10 +724,13 @@ def _update_by_branch(ok, tx, trainable, opt_state, grads):
 
 
 def _update_by_select(ok, tx, trainable, opt_state, grads):
-  """`_update_by_branch`'s results, as the update computed always and jnp.where(ok, new, old) on every leaf."""
-  updates, new_opt = tx.update(grads, opt_state, trainable)
-  keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)  # noqa: E731
-  return keep(optax.apply_updates(trainable, updates), trainable), keep(new_opt, opt_state)
+  """`_update_by_branch`'s results, as the update computed always and jnp.where(ok, new, old) on every leaf (8-bit
+  Adam's state selected inside its update, slice by slice: `scale_by_adam_8bit`'s `apply`)."""
+  updates, new_opt = tx.update(grads, opt_state, trainable, apply=ok)
+  keep = lambda new, old: jnp.where(ok, new, old)  # noqa: E731
+  is_adam8 = lambda x: isinstance(x, Adam8State)  # noqa: E731
+  new_opt = jax.tree_util.tree_map(lambda n, o: n if is_adam8(n) else keep(n, o), new_opt, opt_state, is_leaf=is_adam8)
+  return jax.tree_util.tree_map(keep, optax.apply_updates(trainable, updates), trainable), new_opt
 
 
 def _update_if(ok, tx, trainable, opt_state, grads):
@@ -738,10 +742,10 @@ def _update_if(ok, tx, trainable, opt_state, grads):
     16 x 72 peaks by 4% (f32 Adam) and 19% (all three memory techniques).
   - CUDA GPUs: the select (ROCm's XLA:GPU is not measured: a conditional there). XLA:GPU copies every leaf a
     conditional passes through or returns (both branches): 120 copies, 4.7 of the 27.8 GB SmolLM2's all-techniques
-    step moves on an H100 target. The select fuses into the update: peaks -25% (SmolLM2, f32 Adam) to -41%
-    (Qwen2.5-7B shapes, f32 Adam), bytes -27% / -38%; with 8-bit moments the peaks fall 35% / 25% but the bytes rise
-    3% / 26%: the select reads the codes, scales and v again after the slice loop wrote them (`lrl-jax bench learner
-    aot --gpu h100`, `lrl_jax/learner/README.md`).
+    step moves on an H100 target. The select fuses into the update (8-bit Adam's into its slice loop): on that
+    target, 16 x 72, SmolLM2's peaks 3.51 -> 2.64 GiB (f32 Adam) and 2.47 -> 1.60 GiB (all three memory techniques),
+    its bytes -27% / -2%; Qwen2.5-7B shapes' peaks 198.6 -> 116.4 GiB and 135.0 -> 82.8 GiB, bytes -38% / +11%
+    (`lrl-jax bench learner aot|memory --gpu h100`, `lrl_jax/learner/README.md`).
   """
   return lax.platform_dependent(
     trainable,
