@@ -16,8 +16,8 @@ where there are some (nvidia-smi's memory and clocks, PyTorch's multiprocessor a
 datasheets (bus width, SM clock) and the CUDA programming guide's table for compute capability 9.0 (shared memory
 228 KiB a multiprocessor, 227 KiB a block when opted in, 64 Ki registers, 2048 threads). The bandwidth is the one a
 driver reports, as XLA computes it on a card (2 x memory clock x bus width): XLA:GPU's fusion decisions read it, and
-the compiled program is sensitive to it (SmolLM2's all-techniques step peaked 0.1 GiB higher, 4%, with 3.35e12 B/s,
-the datasheet's round figure, in place of the H100's 3.352e12).
+the compiled program is sensitive to it (SmolLM2's all-techniques step peaked 0.1 GiB lower, 4%, with 3.35e12 B/s,
+the datasheet's round figure, in place of the H100's 3.352e12, before the learner's skipped-step select).
 """
 
 from __future__ import annotations
