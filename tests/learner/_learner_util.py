@@ -112,3 +112,24 @@ def assert_update_close(params_a, opt_a, params_b, opt_b, *, grad_rtol=1e-5, lr=
       f"{jax.tree_util.keystr(path)}: {int(bad.sum())} elements moved differently beyond the bound; the worst by "
       f"{float(np.max(np.abs(a - b) - bound)):.3g}"
     )
+
+
+# The model and rollout shape of the ahead-of-time step tests (test_aot_tpu_step.py, test_aot_gpu_step.py).
+# hidden 256, MLP 1024: a layer's matmuls cost 2 * (2 * 256^2 + 2 * 256 * 128 + 3 * 256 * 1024) ~ 2.0 M flops a
+# token forward (0.95 G for the step's 160 trunk tokens, forward and backward). What else a layer adds to the count:
+# the elementwise work on its activations (norms, SwiGLU, residuals, rotary, a softmax over <= 32 positions: ~10 k
+# flops a token forward, about 3x that with the backward, ~1.5%) and AdamW on its 0.98 M parameters (~20 flops
+# each: moments, bias corrections, square root, division, decay, clip scale; ~2%). Bound: 10%, twice their sum.
+AOT_TINY = models.ModelConfig(
+  arch="llama",
+  vocab_size=512,
+  hidden_size=256,
+  intermediate_size=1024,
+  num_layers=1,
+  num_heads=4,
+  num_kv_heads=2,
+  head_dim=64,
+  max_position_embeddings=64,
+  dtype="bfloat16",
+)
+AOT_SHAPE = dict(batch=8, seq=32, prompt=16, group=4)

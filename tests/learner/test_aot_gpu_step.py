@@ -7,8 +7,9 @@
 import jax
 import numpy as np
 import pytest
+from _learner_util import AOT_SHAPE as SHAPE
+from _learner_util import AOT_TINY as TINY
 
-from lrl_jax import models
 from lrl_jax.learner import LearnerConfig, bench
 from lrl_jax.learner.state import create_train_state
 
@@ -17,19 +18,6 @@ pytest.importorskip("jax_plugins.xla_cuda13", reason="jax's CUDA plugin (make te
 
 from lrl_jax.kernels import gpu_aot  # noqa: E402
 
-TINY = models.ModelConfig(
-  arch="llama",
-  vocab_size=512,
-  hidden_size=256,
-  intermediate_size=1024,
-  num_layers=1,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=64,
-  max_position_embeddings=64,
-  dtype="bfloat16",
-)
-SHAPE = dict(batch=8, seq=32, prompt=16, group=4)
 CFG = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
 
 

@@ -4,38 +4,20 @@
 """
 
 import pytest
+from _learner_util import AOT_SHAPE as SHAPE
+from _learner_util import AOT_TINY as TINY
 
-from lrl_jax import models
 from lrl_jax.kernels import tpu_aot
 from lrl_jax.learner import LearnerConfig, bench
 
 pytestmark = pytest.mark.aot
 pytest.importorskip("libtpu", reason="libtpu (make test-aot) compiles for TPU")
 
-# hidden 256, MLP 1024: a layer's matmuls cost 2 * (2 * 256^2 + 2 * 256 * 128 + 3 * 256 * 1024) ~ 2.0 M flops a
-# token forward (0.95 G for the step's 160 trunk tokens, forward and backward). What else a layer adds to the count:
-# the elementwise work on its activations (norms, SwiGLU, residuals, rotary, a softmax over <= 32 positions: ~10 k
-# flops a token forward, about 3x that with the backward, ~1.5%) and AdamW on its 0.98 M parameters (~20 flops
-# each: moments, bias corrections, square root, division, decay, clip scale; ~2%). Bound: 10%, twice their sum.
-TINY = models.ModelConfig(
-  arch="llama",
-  vocab_size=512,
-  hidden_size=256,
-  intermediate_size=1024,
-  num_layers=1,
-  num_heads=4,
-  num_kv_heads=2,
-  head_dim=64,
-  max_position_embeddings=64,
-  dtype="bfloat16",
-)
-SHAPE = dict(batch=8, seq=32, prompt=16, group=4)
-
 
 def test_unrolled_tpu_step_counts_every_layer():
   # One layer more adds that layer's matmul flops (from the shapes) to the unrolled step's cost_analysis(), plus
-  # its elementwise and optimizer work (< 10%, above); the scan program counts its loop body once, so its count
-  # barely moves.
+  # its elementwise and optimizer work (< 10%: `_learner_util.AOT_TINY`); the scan program counts its loop body
+  # once, so its count barely moves.
   chip = tpu_aot.chip("v5e:2x2")
   roll = bench.abstract_rollout(**SHAPE)
   cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16")
