@@ -10,11 +10,15 @@ The count is the compulsory traffic of the op as XLA fused it: every operand rea
 except where an op reads or writes part of a buffer:
   - a slice or dynamic slice of an operand (inside a fusion too) reads the slice, not the operand;
   - a dynamic update slice updates its buffer in place: it writes the update and does not read the buffer;
-  - bitcasts, tuples, parameters, constants and control flow (while, call, conditional) move nothing themselves.
+  - bitcasts, tuples, parameters, constants and control flow (while, call, conditional) move nothing themselves;
+  - a loop's body and condition run as often as its known trip count says; a conditional runs its costliest branch
+    (XLA's HloCostAnalysis takes each property's largest value over the branches), the others not at all; a call
+    runs its computation once.
 These are XLA's own rules (HloCostAnalysis: `compiled.cost_analysis()["bytes accessed"]` of a program without loops
-or gathers is the sum of `op_bytes` and its output tuple's table of pointers, 8 bytes an element in the XLA of jax
-0.10 and 4 in 0.11's, which tests/learner/test_traffic.py checks), but for one: a gather reads the rows it gathers
-here, where XLA counts its whole operand (an embedding lookup reads B·T rows, not the table).
+or gathers is the sum of `op_bytes` and the tables of pointers of the tuples it runs, its output's among them, 8
+bytes an element in the XLA of jax 0.10 and 4 in 0.11's, which tests/learner/test_traffic.py checks), but for one: a
+gather reads the rows it gathers here, where XLA counts its whole operand (an embedding lookup reads B·T rows, not
+the table).
 Caches are not modelled: a result read back while it is still in cache counts again.
 """
 
@@ -62,13 +66,14 @@ class Instr:
   body: str | None = None  # a while loop's body and condition, and its known trip count
   condition: str | None = None
   trip: int | None = None
+  branches: tuple[str, ...] = ()  # a conditional's branch computations, or the computation a call runs
 
 
 @dataclasses.dataclass(frozen=True)
 class Op:
   """One top-level op: its HLO opcode, the bytes it reads and writes each time it runs, whether it is a dot (a dot
   or a convolution, alone or in a fusion), and how many times one run of the program runs it (None: inside a loop
-  whose trip count XLA does not know)."""
+  whose trip count XLA does not know; 0: in a conditional's branch other than its costliest)."""
 
   opcode: str
   bytes: int
@@ -133,7 +138,15 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], dict[str, str], set[st
     calls, body, cond, trip = (
       re.search(p, attrs) for p in (r"calls=%([\w.\-]+)", r"body=%([\w.\-]+)", r"condition=%([\w.\-]+)", _TRIP)
     )
-    applied.update(re.findall(r"to_apply=%([\w.\-]+)", attrs))
+    if opcode == "conditional":
+      branches = tuple(re.findall(r"(?:true|false)_computation=%([\w.\-]+)", attrs))
+      if m := re.search(r"branch_computations=\{([^}]*)\}", attrs):
+        branches = tuple(_NAME.findall(m.group(1)))
+    elif opcode == "call":
+      branches = tuple(re.findall(r"to_apply=%([\w.\-]+)", attrs))
+    else:
+      branches = ()
+      applied.update(re.findall(r"to_apply=%([\w.\-]+)", attrs))
     comps[current].append(
       Instr(
         name[1:],
@@ -144,6 +157,7 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instr]], dict[str, str], set[st
         body and body.group(1),
         cond and cond.group(1),
         trip and int(trip.group(1)),
+        branches,
       )
     )
     if root:
@@ -192,7 +206,9 @@ def _fusion_bytes(body: list[Instr], root: str, shapes: dict[str, str]) -> int:
 
 def op_bytes(hlo_text: str) -> dict[str, Op]:
   """{HLO name: Op} for every op of every computation the program runs at the top level (the entry computation, loop
-  bodies and conditions, called computations), fusions counted as one op each (module docstring for the rules)."""
+  bodies and conditions, conditional branches, called computations), fusions counted as one op each (module
+  docstring for the rules). A conditional runs its costliest branch, XLA's rule (HloCostAnalysis takes the most of
+  each property over the branches): that branch's ops run as often as the conditional, the others' 0 times."""
   comps, roots, applied, entry = parse(hlo_text)
   shapes = {i.name: i.shape for body in comps.values() for i in body}
   fused = {i.calls for body in comps.values() for i in body if i.opcode == "fusion" and i.calls}
@@ -200,7 +216,36 @@ def op_bytes(hlo_text: str) -> dict[str, Op]:
   def has_dot(comp: str) -> bool:
     return any(i.opcode in _DOTS or (i.calls and has_dot(i.calls)) for i in comps.get(comp, []))
 
-  runs: dict[str, int | None] = {}  # times one run of the program runs each loop body and condition
+  def moved(ins: Instr) -> int:
+    """Bytes one run of the op reads and writes itself (control flow's bodies are counted as their own ops)."""
+    if ins.opcode in _FREE:
+      return 0
+    if ins.opcode == "fusion" and ins.calls in comps:
+      return _fusion_bytes(comps[ins.calls], roots[ins.calls], shapes)
+    if ins.opcode in _PART_READ:  # the part read and written, and the indices
+      return 2 * shape_bytes(ins.shape) + sum(shape_bytes(shapes[o]) for o in ins.operands[1:] if o in shapes)
+    if ins.opcode == "dynamic-update-slice":
+      return 2 * shape_bytes(shapes[ins.operands[1]])
+    return sum(shape_bytes(shapes[o]) for o in ins.operands if o in shapes) + shape_bytes(ins.shape)
+
+  cost_of: dict[str, int] = {}
+
+  def cost(comp: str) -> int:
+    """Bytes one run of a computation moves, a loop of unknown trip count taken as running once (used only to
+    choose a conditional's costliest branch)."""
+    if comp not in cost_of:
+      total = 0
+      for ins in comps.get(comp, []):
+        total += moved(ins)
+        if ins.opcode == "while":
+          k = ins.trip or 1
+          total += k * cost(ins.body or "") + (k + 1) * cost(ins.condition or "")
+        elif ins.branches:
+          total += max(cost(b) for b in ins.branches)
+      cost_of[comp] = total
+    return cost_of[comp]
+
+  runs: dict[str, int | None] = {}  # times one run of the program runs each loop body, condition and branch
 
   def visit(comp: str, n: int | None):
     for ins in comps.get(comp, []):
@@ -210,6 +255,11 @@ def op_bytes(hlo_text: str) -> dict[str, Op]:
           if c:
             runs[c] = k
             visit(c, k)
+      elif ins.branches:
+        taken = max(ins.branches, key=cost)
+        for c in ins.branches:
+          runs[c] = n if c == taken else 0
+          visit(c, runs[c])
 
   visit(entry, 1)
   out: dict[str, Op] = {}
@@ -217,18 +267,8 @@ def op_bytes(hlo_text: str) -> dict[str, Op]:
     if comp in fused or comp in applied:
       continue
     for ins in body:
-      if ins.opcode in _FREE:
-        b = 0
-      elif ins.opcode == "fusion" and ins.calls in comps:
-        b = _fusion_bytes(comps[ins.calls], roots[ins.calls], shapes)
-      elif ins.opcode in _PART_READ:  # the part read and written, and the indices
-        b = 2 * shape_bytes(ins.shape) + sum(shape_bytes(shapes[o]) for o in ins.operands[1:] if o in shapes)
-      elif ins.opcode == "dynamic-update-slice":
-        b = 2 * shape_bytes(shapes[ins.operands[1]])
-      else:
-        b = sum(shape_bytes(shapes[o]) for o in ins.operands if o in shapes) + shape_bytes(ins.shape)
       dot = ins.opcode in _DOTS or (ins.opcode == "fusion" and bool(ins.calls) and has_dot(ins.calls))
-      out[ins.name] = Op(ins.opcode, b, dot, runs.get(comp, 1))
+      out[ins.name] = Op(ins.opcode, moved(ins), dot, runs.get(comp, 1))
   return out
 
 

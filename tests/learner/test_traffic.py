@@ -130,6 +130,69 @@ def test_loop_ops_run_their_trip_count():
   assert total < 12 * n * slab
 
 
+def _tuple_elements_run(text: str, ops) -> int:
+  """Elements of the tuples the program runs (XLA counts a table of pointers for each; traffic.py does not)."""
+  comps, _, _, _ = traffic.parse(text)
+  return sum(len(i.operands) for body in comps.values() for i in body if i.opcode == "tuple" and ops[i.name].runs)
+
+
+def test_conditional_counts_its_costliest_branch_as_xla_does():
+  """XLA's rule (HloCostAnalysis::HandleConditional takes each property's largest value over the branches): the
+  costly branch's ops run once, the cheap one's not at all. Exact against XLA's count but for the tables of the
+  tuples that run, which XLA counts (`_table_bytes` an element) and traffic.py does not."""
+
+  def f(p, x, y):
+    return jax.lax.cond(p > 0, lambda x, y: jnp.tanh(x) * y + 1, lambda x, y: x[:10].sum() * y, x, y)
+
+  c = _compiled(f, 1.0, x, x)
+  text = c.as_text()
+  assert "conditional(" in text
+  ops = traffic.op_bytes(text)
+  assert {op.runs for op in ops.values()} == {0, 1}
+  total = sum(op.bytes * op.runs for op in ops.values())
+  assert total >= 3 * x.size * 4  # the costly branch reads x and y and writes its result
+  assert total == _xla_bytes(c) - _table_bytes() * _tuple_elements_run(text, ops)
+
+
+def test_loop_in_a_branch_runs_its_trip_count():
+  """A scan of 12 steps inside the costly branch: its body runs 12 times (it ran once before the conditional's
+  branches were followed), and the program moves at least the xs read and the ys written."""
+  n, shape = 12, (256, 128)
+  xs = jnp.asarray(np.random.default_rng(0).standard_normal((n, *shape)), jnp.float32)
+
+  def f(p, xs):
+    scan = lambda xs: jax.lax.scan(lambda c, x: (c + x, jnp.sin(x) * c), jnp.zeros(shape), xs)[1]  # noqa: E731
+    return jax.lax.cond(p > 0, scan, lambda xs: xs * 2, xs)
+
+  text = _compiled(f, 1.0, xs).as_text()
+  ops = traffic.op_bytes(text)
+  assert n in {op.runs for op in ops.values() if op.bytes}
+  slab = int(np.prod(shape)) * 4
+  assert sum(traffic.program_bytes(text)) >= 2 * n * slab
+
+
+CALL_HLO = """HloModule m
+
+%callee (a: f32[1000]) -> f32[1000] {
+  %a = f32[1000]{0} parameter(0)
+  ROOT %neg = f32[1000]{0} negate(%a)
+}
+
+ENTRY %main (p: f32[1000]) -> f32[1000] {
+  %p = f32[1000]{0} parameter(0)
+  %c = f32[1000]{0} call(%p), to_apply=%callee
+  ROOT %e = f32[1000]{0} exponential(%c)
+}
+"""
+
+
+def test_called_computation_runs_once_per_call():
+  """A `call` runs its computation's ops (here a negate: 4000 bytes read, 4000 written) as often as the call runs."""
+  ops = traffic.op_bytes(CALL_HLO)
+  assert ops["neg"].runs == 1 and ops["neg"].bytes == 8000
+  assert sum(traffic.program_bytes(CALL_HLO)) == 2 * 8000
+
+
 def test_unknown_trip_count_is_refused():
   def f(x):
     return jax.lax.while_loop(lambda c: c[0] < c[1].sum(), lambda c: (c[0] + 1, c[1] * 2), (0, x))[1]
