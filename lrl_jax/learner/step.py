@@ -740,10 +740,10 @@ def _update_if(ok, tx, trainable, opt_state, grads):
   - CPU: a conditional. With the select, XLA:CPU copied both moments before the update wrote them (the select reads
     the old ones after: 2.15 GB of SmolLM2's 11.3 GB update). ROCm (not measured) keeps it too.
   - CUDA GPUs and TPUs: the select, fused into the update (8-bit Adam's into its slice loop: its `apply`). XLA:GPU
-    copies every leaf a conditional passes through or returns (both branches): 120 copies, 4.7 of the 27.8 GB
-    SmolLM2's all-techniques step moves on an H100 target. 16 x 72, conditional -> select: on the H100 target,
-    SmolLM2's peaks 3.51 -> 2.64 GiB (f32 Adam) and 2.47 -> 1.60 GiB (all three memory techniques), bytes -27% /
-    -2%; Qwen2.5-7B shapes' 198.6 -> 116.4 GiB and 135.0 -> 82.8 GiB, bytes -38% / +11%. On a TPU v5p target,
+    copies every leaf a conditional passes through or returns: 74 copies, 2.8 of the 30.3 GB SmolLM2's
+    all-techniques step moves on an H100 target. 16 x 72, conditional -> select: on the H100 target, SmolLM2's
+    peaks 3.51 -> 2.64 GiB (f32 Adam) and 2.47 -> 1.60 GiB (all three memory techniques), bytes -17% / -10%;
+    Qwen2.5-7B shapes' 198.6 -> 116.4 GiB and 135.0 -> 82.8 GiB, bytes -25% / -21%. On a TPU v5p target,
     SmolLM2's peaks 2.99 -> 3.10 GiB and 2.12 -> 2.10 GiB, bytes -21% / -4%; Qwen2.5-7B shapes with all three
     techniques did not fit a v5p chip's 95.7 GiB (117.9 GiB of temporaries) and now peaks at 92.8 GiB
     (`lrl-jax bench learner aot|memory --gpu h100`, `lrl_jax/learner/README.md`).
