@@ -66,3 +66,23 @@ def test_gpu_step_is_compiled_by_xla_gpu_and_dumps_its_buffers(tmp_path):
   assert 0 < live <= m["peak_bytes"], (live, m)
   hlo = "\n".join(p.read_text() for p in tmp_path.glob("*train_step*after_optimizations.txt"))
   assert "__triton_nested_gemm_fusion" in hlo or "__cublas$gemm" in hlo
+
+
+@pytest.mark.parametrize(
+  "technique", ["baseline (f32 Adam, no remat, logits whole)", "all: fp8 moments + full remat + chunks"]
+)
+def test_gpu_step_skips_by_select_cheaper_than_by_branch(monkeypatch, technique):
+  # Why `step._update_if` takes the select on CUDA: XLA:GPU copies every leaf a conditional passes through or returns,
+  # so the conditional's step peaks higher and moves more bytes (the costliest branch counted, XLA's rule). At
+  # SmolLM2's shapes: 3.51 -> 2.64 GiB, 25.3 -> 20.9 GB (f32 Adam); 2.47 -> 1.60 GiB, 30.3 -> 27.2 GB (all three).
+  from lrl_jax.learner import step
+
+  cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**bench.BASELINE, **bench.TECHNIQUES[technique]})
+  roll, sharding = bench.abstract_rollout(**SHAPE), gpu_aot.chip("h100")
+  select = bench.step_memory(TINY, cfg, roll, sharding=sharding, count_bytes=True)
+  monkeypatch.setattr(step, "_update_if", step._update_by_branch)
+  jax.clear_caches()  # the step traced with the select is cached under the same arguments
+  branch = bench.step_memory(TINY, cfg, roll, sharding=sharding, count_bytes=True)
+  jax.clear_caches()
+  assert select["peak_bytes"] < branch["peak_bytes"], (select, branch)
+  assert select["program_bytes"] < branch["program_bytes"], (select, branch)
