@@ -356,7 +356,8 @@ def test_a_stacked_leaf_updates_in_slices_of_memory(monkeypatch):
 def test_a_stacked_leaf_is_written_in_place(monkeypatch):
   """The CPU program of a stacked leaf's update copies none of the leaf's buffers: each slice's new state is computed
   apart from its in-place writes (`adam8._apart`). With the computation fused into the writes, XLA:CPU copied the
-  codes, scales and v whole in every slice (2.1 of the 5.7 GB an update of a [30, 576, 1536] leaf moved)."""
+  codes, scales and v whole in every slice (2.1 of the 5.7 GB an update of a [30, 576, 1536] leaf moved). And its
+  rounding bits are hashed once."""
   import re
 
   from lrl_jax.learner import adam8
@@ -370,3 +371,7 @@ def test_a_stacked_leaf_is_written_in_place(monkeypatch):
   assert re.search(r"while\(", hlo)  # the leaf is updated in a loop over its slices
   whole = re.compile(r"= \w+\[8,64,(512|2)\]\{[^}]*\} copy\(")  # the leaf's u, codes, v or its m scales
   assert not [line for line in hlo.splitlines() if whole.search(line)]
+  # the slice's rounding bits, drawn once for both moments: one computation holds the 20-round hash (20 xors and
+  # more), where XLA:CPU fused it into m's rounding and v's and computed it twice when it was drawn inside
+  hashes = [c for c in re.split(r"\n(?=%|ENTRY)", hlo) if c.count(" xor(") >= 20]
+  assert len(hashes) == 1, [c.split(" ")[0] for c in hashes]
