@@ -84,6 +84,11 @@ TECHNIQUES = {
 }
 
 
+def technique_config(label: str) -> LearnerConfig:
+  """The benchmarks' learner config for one of TECHNIQUES: bf16 compute, the baseline with that technique's settings."""
+  return LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **TECHNIQUES[label]})
+
+
 def abstract_rollout(batch: int, seq: int, prompt: int, group: int) -> Rollout:
   """ShapeDtypeStructs of a GRPO rollout: `batch` completions in groups of `group`, `prompt` + completion slots."""
   s = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt)  # noqa: E731
@@ -281,7 +286,7 @@ def memory(args) -> int:
     for label, kw in TECHNIQUES.items():
       if args.only and kw and not any(w in label for w in args.only):
         continue
-      cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
+      cfg = technique_config(label)
       t0 = time.perf_counter()
       dump = _dump_dir(args.dump, name, label)
       m = step_memory(mc, cfg, roll, sharding=sharding, dump=dump)
@@ -579,8 +584,9 @@ def aot(args) -> int:
       "cost_analysis()"
     )
   roll = abstract_rollout(args.batch, args.seq, args.prompt, args.group)
-  kw = TECHNIQUES["all: fp8 moments + full remat + chunks"] if args.all_techniques else {}
-  base = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**BASELINE, **kw})
+  base = technique_config(
+    "all: fp8 moments + full remat + chunks" if args.all_techniques else "baseline (f32 Adam, no remat, logits whole)"
+  )
   arms = {"bf16": base, **{f"{n} QAT": base.replace(qat=s) for n, s in QAT_FORMATS.items()}}
   flops = matmul_flops(mc, args.batch, args.seq, args.prompt, args.group, remat=base.remat)
   print(

@@ -77,7 +77,7 @@ def test_gpu_step_skips_by_select_cheaper_than_by_branch(monkeypatch, technique)
   # SmolLM2's shapes: 3.51 -> 2.64 GiB, 25.3 -> 20.9 GB (f32 Adam); 2.47 -> 1.60 GiB, 30.3 -> 27.2 GB (all three).
   from lrl_jax.learner import step
 
-  cfg = LearnerConfig(lr=1e-6, compute_dtype="bfloat16", **{**bench.BASELINE, **bench.TECHNIQUES[technique]})
+  cfg = bench.technique_config(technique)
   roll, sharding = bench.abstract_rollout(**SHAPE), gpu_aot.chip("h100")
   select = bench.step_memory(TINY, cfg, roll, sharding=sharding, count_bytes=True)
   monkeypatch.setattr(step, "_update_if", step._update_by_branch)
