@@ -25,6 +25,7 @@ Caches are not modelled: a result read back while it is still in cache counts ag
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 # bits per element of each HLO element type
@@ -216,6 +217,7 @@ def op_bytes(hlo_text: str) -> dict[str, Op]:
   def has_dot(comp: str) -> bool:
     return any(i.opcode in _DOTS or (i.calls and has_dot(i.calls)) for i in comps.get(comp, []))
 
+  @functools.cache  # a conditional's branches are costed to choose one, then counted
   def moved(ins: Instr) -> int:
     """Bytes one run of the op reads and writes itself (control flow's bodies are counted as their own ops)."""
     if ins.opcode in _FREE:
@@ -228,22 +230,19 @@ def op_bytes(hlo_text: str) -> dict[str, Op]:
       return 2 * shape_bytes(shapes[ins.operands[1]])
     return sum(shape_bytes(shapes[o]) for o in ins.operands if o in shapes) + shape_bytes(ins.shape)
 
-  cost_of: dict[str, int] = {}
-
+  @functools.cache
   def cost(comp: str) -> int:
     """Bytes one run of a computation moves, a loop of unknown trip count taken as running once (used only to
     choose a conditional's costliest branch)."""
-    if comp not in cost_of:
-      total = 0
-      for ins in comps.get(comp, []):
-        total += moved(ins)
-        if ins.opcode == "while":
-          k = ins.trip or 1
-          total += k * cost(ins.body or "") + (k + 1) * cost(ins.condition or "")
-        elif ins.branches:
-          total += max(cost(b) for b in ins.branches)
-      cost_of[comp] = total
-    return cost_of[comp]
+    total = 0
+    for ins in comps.get(comp, []):
+      total += moved(ins)
+      if ins.opcode == "while":
+        k = ins.trip or 1
+        total += k * cost(ins.body or "") + (k + 1) * cost(ins.condition or "")
+      elif ins.branches:
+        total += max(cost(b) for b in ins.branches)
+    return total
 
   runs: dict[str, int | None] = {}  # times one run of the program runs each loop body, condition and branch
 
